@@ -1,0 +1,1 @@
+//! CPU backend: packed-weight kernels and fused ops.

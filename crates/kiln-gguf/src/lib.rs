@@ -1,0 +1,15 @@
+//! GGUF (v2 and v3) reader.
+//!
+//! The file is memory-mapped; tensor views borrow the mapped bytes. Every
+//! count, length and offset read from the file is checked against the file
+//! size before anything is allocated, so a malformed file gives a
+//! [`GgufError`] naming the problem and its byte offset, never a panic.
+
+mod error;
+mod reader;
+mod value;
+
+pub use error::{GgufError, Result};
+pub use kiln_quant::GgmlType;
+pub use reader::{Gguf, TensorInfo, TensorView};
+pub use value::{Value, ValueType};

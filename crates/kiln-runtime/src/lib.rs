@@ -1,0 +1,1 @@
+//! Sessions, KV cache, buckets, sampling and chat templates.

@@ -1,0 +1,1 @@
+//! Gemma tokenizers (SentencePiece and Gemma 4 BPE) built from GGUF metadata.
