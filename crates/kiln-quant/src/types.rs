@@ -82,7 +82,7 @@ impl GgmlType {
     }
 
     /// Elements per block (1 for plain scalar types).
-    pub fn block_elems(self) -> usize {
+    pub const fn block_elems(self) -> usize {
         use GgmlType::*;
         match self {
             F32 | F16 | BF16 | I8 | I16 | I32 | I64 | F64 => 1,
@@ -93,7 +93,7 @@ impl GgmlType {
     }
 
     /// Bytes per block.
-    pub fn block_bytes(self) -> usize {
+    pub const fn block_bytes(self) -> usize {
         use GgmlType::*;
         match self {
             F32 | I32 => 4,
