@@ -1,1 +1,18 @@
-//! Gemma 2/3/4 model description and device-agnostic forward pass.
+//! Gemma 2/3/4 model description and the device-agnostic forward pass.
+//!
+//! [`ModelConfig`] resolves GGUF metadata into a per-layer description;
+//! [`Model`] binds weights by GGUF tensor name and runs the forward pass,
+//! written once against the [`Backend`] trait (prefill of N tokens or a
+//! decode step of 1, over a [`KvCache`], into caller-owned [`Scratch`]).
+
+mod backend;
+mod config;
+mod error;
+mod kv;
+mod model;
+
+pub use backend::{AttnParams, Backend, PastKv};
+pub use config::{Arch, LayerConfig, ModelConfig, MoeConfig, RopeConfig};
+pub use error::{ModelError, Result};
+pub use kv::KvCache;
+pub use model::{Model, Output, Scratch};

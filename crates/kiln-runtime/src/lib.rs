@@ -1,1 +1,31 @@
 //! Sessions, KV cache, buckets, sampling and chat templates.
+//!
+//! - [`sampling`]: [`SamplingParams`] and the seeded [`Sampler`].
+//! - [`stop`]: [`StopMatcher`], stop strings on streamed text.
+//! - [`chat`]: rendering a conversation into a prompt.
+//! - [`bucket`]: prefill buckets, the decode ladder, the plan LRU.
+//! - [`session`]: [`Session`], load a GGUF and generate.
+//!
+//! ```
+//! use kiln_runtime::{Sampler, SamplingParams};
+//! let mut sampler = Sampler::new(SamplingParams::greedy()).unwrap();
+//! assert_eq!(sampler.sample(&mut [0.1, 2.0, -1.0]).unwrap(), 1);
+//! ```
+
+pub mod bucket;
+pub mod chat;
+pub mod error;
+pub mod rng;
+pub mod sampling;
+pub mod session;
+pub mod stop;
+
+pub use chat::{ChatFormat, ChatMessage, ChatOptions, ChatTemplate};
+pub use error::{Result, RuntimeError};
+pub use rng::Rng;
+pub use sampling::{argmax, Candidate, Sampler, SamplingParams};
+pub use session::{
+    Embedding, FinishReason, Generation, Prompt, Session, SessionOptions, Stats, TokenEvent,
+    Truncation,
+};
+pub use stop::{StopMatcher, StopStatus};

@@ -1,0 +1,23 @@
+use kiln_gguf::GgufError;
+
+/// Everything that can go wrong building or running a model. Messages name
+/// the metadata key or tensor involved.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    #[error("unsupported architecture {0:?} (supported: gemma2, gemma3, gemma4)")]
+    UnsupportedArch(String),
+    #[error("metadata key {key}: {reason}")]
+    BadKey { key: String, reason: String },
+    #[error("tensor {name} is missing")]
+    MissingTensor { name: String },
+    #[error("tensor {name}: {reason}")]
+    BadTensor { name: String, reason: String },
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    #[error("backend: {0}")]
+    Backend(String),
+}
+
+pub type Result<T, E = ModelError> = std::result::Result<T, E>;

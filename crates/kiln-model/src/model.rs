@@ -1,0 +1,693 @@
+//! Weight binding by GGUF tensor name and the forward pass, written once
+//! against [`Backend`].
+
+use std::sync::Arc;
+
+use kiln_gguf::{GgmlType, Gguf};
+
+use crate::backend::{AttnParams, Backend};
+use crate::config::{LayerConfig, ModelConfig};
+use crate::error::{ModelError, Result};
+use crate::kv::KvCache;
+
+/// What a forward call returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Output {
+    /// Logits of the last position, `[n_vocab]`.
+    LastLogits,
+    /// Logits of every position, `[n_tok, n_vocab]`.
+    AllLogits,
+    /// Post-final-norm hidden state of the last position, `[n_embd]`.
+    LastHidden,
+    /// Only the greedy token of the last position (no logits materialised).
+    Argmax,
+}
+
+struct PleLayer<B: Backend> {
+    inp_gate: B::Weight,
+    proj: B::Weight,
+    post_norm: B::Buf,
+}
+
+struct MoeLayer<B: Backend> {
+    router: B::Weight,
+    /// `ffn_gate_inp.scale / sqrt(n_embd)`, folded into the router norm.
+    router_norm: B::Buf,
+    /// Fused `[n_embd, 2*ff, E]` (gate rows first) or split gate/up.
+    gate_up: Option<B::Weight>,
+    gate: Option<B::Weight>,
+    up: Option<B::Weight>,
+    down: B::Weight,
+    expert_scale: Vec<f32>,
+    pre_norm_2: B::Buf,
+    post_norm_1: B::Buf,
+    post_norm_2: B::Buf,
+}
+
+struct LayerWeights<B: Backend> {
+    attn_norm: B::Buf,
+    q: B::Weight,
+    k: Option<B::Weight>,
+    v: Option<B::Weight>,
+    o: B::Weight,
+    q_norm: Option<B::Buf>,
+    k_norm: Option<B::Buf>,
+    post_attn_norm: B::Buf,
+    ffn_norm: B::Buf,
+    gate: B::Weight,
+    up: B::Weight,
+    down: B::Weight,
+    post_ffw_norm: B::Buf,
+    output_scale: f32,
+    ple: Option<PleLayer<B>>,
+    moe: Option<MoeLayer<B>>,
+}
+
+struct GlobalPle<B: Backend> {
+    token_embd: B::Weight,
+    model_proj: B::Weight,
+    proj_norm: B::Buf,
+}
+
+/// A loaded model: config, bound weights and the backend that runs it.
+pub struct Model<B: Backend> {
+    pub config: ModelConfig,
+    backend: B,
+    token_embd: B::Weight,
+    output: Option<B::Weight>,
+    output_norm: B::Buf,
+    ple: Option<GlobalPle<B>>,
+    layers: Vec<LayerWeights<B>>,
+    gguf: Arc<Gguf>,
+}
+
+/// Reads a small 1-D tensor (norm, scale) as f32 on the host.
+fn read_vector(g: &Gguf, name: &str, len: usize) -> Result<Vec<f32>> {
+    let t = g.tensor(name).ok_or_else(|| ModelError::MissingTensor {
+        name: name.to_string(),
+    })?;
+    if t.info.n_elements as usize != len {
+        return Err(ModelError::BadTensor {
+            name: name.to_string(),
+            reason: format!("shape {:?}, expected {len} elements", t.info.dims),
+        });
+    }
+    let v: Vec<f32> = match t.ty() {
+        GgmlType::F32 => t
+            .data
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
+        GgmlType::F16 => t
+            .data
+            .chunks_exact(2)
+            .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+        GgmlType::BF16 => t
+            .data
+            .chunks_exact(2)
+            .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+        other => {
+            return Err(ModelError::BadTensor {
+                name: name.to_string(),
+                reason: format!("type {other} not supported for a vector (F32/F16/BF16)"),
+            })
+        }
+    };
+    if v.iter().any(|x| !x.is_finite()) {
+        return Err(ModelError::BadTensor {
+            name: name.to_string(),
+            reason: "contains NaN or infinity".into(),
+        });
+    }
+    Ok(v)
+}
+
+struct Binder<'a, B: Backend> {
+    b: &'a B,
+    g: &'a Arc<Gguf>,
+}
+
+impl<B: Backend> Binder<'_, B> {
+    fn matrix(&self, name: &str, cols: usize, rows: usize) -> Result<B::Weight> {
+        if self.g.tensor_info(name).is_none() {
+            return Err(ModelError::MissingTensor {
+                name: name.to_string(),
+            });
+        }
+        let w = self.b.load_weight(self.g, name)?;
+        let shape = self.b.weight_shape(&w);
+        if shape != (cols, rows) {
+            return Err(ModelError::BadTensor {
+                name: name.to_string(),
+                reason: format!(
+                    "shape {:?}, expected row length {cols} and {rows} rows",
+                    self.g
+                        .tensor_info(name)
+                        .map(|i| i.dims.clone())
+                        .unwrap_or_default()
+                ),
+            });
+        }
+        Ok(w)
+    }
+    fn vector(&self, name: &str, len: usize) -> Result<B::Buf> {
+        self.b.upload(&read_vector(self.g, name, len)?)
+    }
+}
+
+impl<B: Backend> Model<B> {
+    /// Binds every tensor the config needs, checking shapes.
+    pub fn load(backend: B, gguf: Arc<Gguf>) -> Result<Self> {
+        let config = ModelConfig::from_gguf(&gguf)?;
+        let d = config.n_embd;
+        let bind = Binder {
+            b: &backend,
+            g: &gguf,
+        };
+        let token_embd = bind.matrix("token_embd.weight", d, config.n_vocab)?;
+        let output = if config.tied_output {
+            None
+        } else {
+            Some(bind.matrix("output.weight", d, config.n_vocab)?)
+        };
+        let output_norm = bind.vector("output_norm.weight", d)?;
+        let ple = if config.ple_dim > 0 {
+            let w = config.n_layer * config.ple_dim;
+            Some(GlobalPle {
+                token_embd: bind.matrix("per_layer_token_embd.weight", w, config.n_vocab)?,
+                model_proj: bind.matrix("per_layer_model_proj.weight", d, w)?,
+                proj_norm: bind.vector("per_layer_proj_norm.weight", config.ple_dim)?,
+            })
+        } else {
+            None
+        };
+        let mut layers = Vec::with_capacity(config.n_layer);
+        for l in &config.layers {
+            let n = |s: &str| format!("blk.{}.{s}.weight", l.index);
+            let hd = l.head_dim;
+            let owns = l.owns_kv();
+            let output_scale = if l.output_scale {
+                read_vector(&gguf, &n("layer_output_scale"), 1)?[0]
+            } else {
+                1.0
+            };
+            let ple_layer = if config.ple_dim > 0 {
+                Some(PleLayer {
+                    inp_gate: bind.matrix(&n("inp_gate"), d, config.ple_dim)?,
+                    proj: bind.matrix(&n("proj"), config.ple_dim, d)?,
+                    post_norm: bind.vector(&n("post_norm"), d)?,
+                })
+            } else {
+                None
+            };
+            let moe = match &l.moe {
+                None => None,
+                Some(m) => {
+                    let i = l.index;
+                    let e = m.n_expert;
+                    let ff = m.expert_ffn;
+                    let mut scale = read_vector(&gguf, &format!("blk.{i}.ffn_gate_inp.scale"), d)?;
+                    let inv = 1.0 / (d as f32).sqrt();
+                    scale.iter_mut().for_each(|x| *x *= inv);
+                    let fused = gguf.tensor_info(&n("ffn_gate_up_exps")).is_some();
+                    Some(MoeLayer {
+                        router: bind.matrix(&n("ffn_gate_inp"), d, e)?,
+                        router_norm: backend.upload(&scale)?,
+                        gate_up: if fused {
+                            Some(bind.matrix(&n("ffn_gate_up_exps"), d, 2 * ff * e)?)
+                        } else {
+                            None
+                        },
+                        gate: if fused {
+                            None
+                        } else {
+                            Some(bind.matrix(&n("ffn_gate_exps"), d, ff * e)?)
+                        },
+                        up: if fused {
+                            None
+                        } else {
+                            Some(bind.matrix(&n("ffn_up_exps"), d, ff * e)?)
+                        },
+                        down: bind.matrix(&n("ffn_down_exps"), ff, d * e)?,
+                        expert_scale: match gguf
+                            .tensor_info(&format!("blk.{i}.ffn_down_exps.scale"))
+                        {
+                            Some(_) => {
+                                read_vector(&gguf, &format!("blk.{i}.ffn_down_exps.scale"), e)?
+                            }
+                            None => vec![1.0; e],
+                        },
+                        pre_norm_2: bind.vector(&n("pre_ffw_norm_2"), d)?,
+                        post_norm_1: bind.vector(&n("post_ffw_norm_1"), d)?,
+                        post_norm_2: bind.vector(&n("post_ffw_norm_2"), d)?,
+                    })
+                }
+            };
+            layers.push(LayerWeights {
+                attn_norm: bind.vector(&n("attn_norm"), d)?,
+                q: bind.matrix(&n("attn_q"), d, l.q_dim())?,
+                k: if owns {
+                    Some(bind.matrix(&n("attn_k"), d, l.kv_dim())?)
+                } else {
+                    None
+                },
+                v: if owns && l.has_v {
+                    Some(bind.matrix(&n("attn_v"), d, l.kv_dim())?)
+                } else {
+                    None
+                },
+                o: bind.matrix(&n("attn_output"), l.q_dim(), d)?,
+                q_norm: if l.qk_norm {
+                    Some(bind.vector(&n("attn_q_norm"), hd)?)
+                } else {
+                    None
+                },
+                k_norm: if l.qk_norm && owns {
+                    Some(bind.vector(&n("attn_k_norm"), hd)?)
+                } else {
+                    None
+                },
+                post_attn_norm: bind.vector(&n("post_attention_norm"), d)?,
+                ffn_norm: bind.vector(&n("ffn_norm"), d)?,
+                gate: bind.matrix(&n("ffn_gate"), d, l.ffn)?,
+                up: bind.matrix(&n("ffn_up"), d, l.ffn)?,
+                down: bind.matrix(&n("ffn_down"), l.ffn, d)?,
+                post_ffw_norm: bind.vector(&n("post_ffw_norm"), d)?,
+                output_scale,
+                ple: ple_layer,
+                moe,
+            });
+        }
+        Ok(Model {
+            config,
+            backend,
+            token_embd,
+            output,
+            output_norm,
+            ple,
+            layers,
+            gguf,
+        })
+    }
+
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    pub fn gguf(&self) -> &Arc<Gguf> {
+        &self.gguf
+    }
+
+    pub fn new_cache(&self) -> Result<KvCache<B>> {
+        KvCache::new(&self.backend, &self.config)
+    }
+
+    /// Scratch for batches of up to `max_tokens` tokens.
+    pub fn new_scratch(&self, max_tokens: usize) -> Result<Scratch<B>> {
+        Scratch::new(&self.backend, &self.config, max_tokens)
+    }
+
+    /// Runs `tokens` at positions `cache.len()..`, appends their K/V to the
+    /// cache and writes the requested output into `out` (resized; untouched
+    /// for [`Output::Argmax`], whose token is returned).
+    pub fn forward(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache<B>,
+        s: &mut Scratch<B>,
+        output: Output,
+        out: &mut Vec<f32>,
+    ) -> Result<Option<u32>> {
+        let n = tokens.len();
+        if n == 0 {
+            return Err(ModelError::Invalid("forward called with no tokens".into()));
+        }
+        if n > s.max_tokens {
+            return Err(ModelError::Invalid(format!(
+                "{n} tokens exceed the scratch capacity {} (make a larger scratch)",
+                s.max_tokens
+            )));
+        }
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.config.n_vocab) {
+            return Err(ModelError::Invalid(format!(
+                "token id {bad} out of range (vocab {})",
+                self.config.n_vocab
+            )));
+        }
+        let b = &self.backend;
+        let cfg = &self.config;
+        let d = cfg.n_embd;
+        let p0 = cache.len();
+        cache.ensure(b, p0 + n)?;
+
+        b.embed(&self.token_embd, tokens, cfg.embed_scale, &mut s.x)?;
+        if let Some(ple) = &self.ple {
+            self.per_layer_inputs(ple, tokens, s)?;
+        }
+        for (l, w) in cfg.layers.iter().zip(&self.layers) {
+            self.layer(l, w, n, p0, cache, s)?;
+        }
+
+        // Final norm only on the rows the output needs.
+        let (row0, rows) = match output {
+            Output::AllLogits => (0, n),
+            _ => (n - 1, 1),
+        };
+        b.copy_strided(&s.x, row0 * d, 0, &mut s.h, 0, 0, 1, rows * d, 1.0, false)?;
+        b.rms_norm(&mut s.h, rows, d, Some(&self.output_norm), cfg.rms_eps)?;
+        let head = self.output.as_ref().unwrap_or(&self.token_embd);
+        let result = match output {
+            Output::Argmax => Some(b.argmax_head(head, &s.h)?),
+            Output::LastHidden => {
+                out.resize(d, 0.0);
+                b.download(&s.h, 0, out)?;
+                None
+            }
+            Output::LastLogits | Output::AllLogits => {
+                let len = rows * cfg.n_vocab;
+                if s.logits.as_ref().is_none_or(|l| b.buf_len(l) < len) {
+                    s.logits = Some(b.alloc(len)?);
+                }
+                let logits = s.logits.as_mut().expect("allocated above");
+                b.lm_head(head, &s.h, rows, cfg.final_softcap, logits)?;
+                out.resize(len, 0.0);
+                b.download(logits, 0, out)?;
+                None
+            }
+        };
+        cache.commit(b, n, &s.chunk_k, &s.chunk_v)?;
+        Ok(result)
+    }
+
+    /// Gemma 4 PLE: `ple = (rms(proj·x0 / sqrt(d)) + E_ple[tok]·sqrt(P)) / sqrt(2)`.
+    fn per_layer_inputs(
+        &self,
+        ple: &GlobalPle<B>,
+        tokens: &[u32],
+        s: &mut Scratch<B>,
+    ) -> Result<()> {
+        let b = &self.backend;
+        let cfg = &self.config;
+        let n = tokens.len();
+        let p = cfg.ple_dim;
+        let w = cfg.n_layer * p;
+        b.embed(&ple.token_embd, tokens, (p as f32).sqrt(), &mut s.ple_tok)?;
+        b.matmul(&ple.model_proj, 0, w, &s.x, n, &mut s.ple)?;
+        b.scale(&mut s.ple, 1.0 / (cfg.n_embd as f32).sqrt(), n * w)?;
+        b.rms_norm(
+            &mut s.ple,
+            n * cfg.n_layer,
+            p,
+            Some(&ple.proj_norm),
+            cfg.rms_eps,
+        )?;
+        b.add(&mut s.ple, &s.ple_tok, n * w)?;
+        b.scale(&mut s.ple, std::f32::consts::FRAC_1_SQRT_2, n * w)?;
+        Ok(())
+    }
+
+    fn layer(
+        &self,
+        l: &LayerConfig,
+        w: &LayerWeights<B>,
+        n: usize,
+        p0: usize,
+        cache: &KvCache<B>,
+        s: &mut Scratch<B>,
+    ) -> Result<()> {
+        let b = &self.backend;
+        let cfg = &self.config;
+        let d = cfg.n_embd;
+        let eps = cfg.rms_eps;
+        let (hd, il) = (l.head_dim, l.index);
+
+        // --- attention ---
+        b.copy_strided(&s.x, 0, 0, &mut s.h, 0, 0, 1, n * d, 1.0, false)?;
+        b.rms_norm(&mut s.h, n, d, Some(&w.attn_norm), eps)?;
+        b.matmul(&w.q, 0, l.q_dim(), &s.h, n, &mut s.q)?;
+        if let Some(qn) = &w.q_norm {
+            b.rms_norm(&mut s.q, n * l.n_head, hd, Some(qn), eps)?;
+        }
+        b.rope(&mut s.q, n, l.n_head, hd, p0, &l.rope)?;
+        if l.owns_kv() {
+            let (Some(ck), Some(cv)) = (s.chunk_k[il].as_mut(), s.chunk_v[il].as_mut()) else {
+                return Err(ModelError::Backend(format!("layer {il}: no K/V scratch")));
+            };
+            let wk = w.k.as_ref().ok_or_else(|| ModelError::MissingTensor {
+                name: format!("blk.{il}.attn_k.weight"),
+            })?;
+            b.matmul(wk, 0, l.kv_dim(), &s.h, n, ck)?;
+            match &w.v {
+                Some(wv) => b.matmul(wv, 0, l.kv_dim(), &s.h, n, cv)?,
+                // K=V: V is the raw K projection, before k_norm and RoPE.
+                None => b.copy_strided(ck, 0, 0, cv, 0, 0, 1, n * l.kv_dim(), 1.0, false)?,
+            }
+            if l.v_norm {
+                b.rms_norm(cv, n * l.n_kv_head, hd, None, eps)?;
+            }
+            if let Some(kn) = &w.k_norm {
+                b.rms_norm(ck, n * l.n_kv_head, hd, Some(kn), eps)?;
+            }
+            b.rope(ck, n, l.n_kv_head, hd, p0, &l.rope)?;
+        }
+        let src = l.kv_source;
+        let (Some(ck), Some(cv)) = (s.chunk_k[src].as_ref(), s.chunk_v[src].as_ref()) else {
+            return Err(ModelError::Backend(format!("layer {src}: no K/V scratch")));
+        };
+        let params = AttnParams {
+            n_tok: n,
+            p0,
+            n_head: l.n_head,
+            n_kv_head: l.n_kv_head,
+            head_dim: hd,
+            scale: l.attn_scale,
+            softcap: cfg.attn_softcap,
+            window: l.window,
+        };
+        b.attention(&s.q, ck, cv, cache.past(src), &params, &mut s.attn)?;
+        b.matmul(&w.o, 0, d, &s.attn, n, &mut s.o)?;
+        b.rms_norm(&mut s.o, n, d, Some(&w.post_attn_norm), eps)?;
+        b.add(&mut s.x, &s.o, n * d)?;
+
+        // --- feed-forward ---
+        b.copy_strided(&s.x, 0, 0, &mut s.h, 0, 0, 1, n * d, 1.0, false)?;
+        b.rms_norm(&mut s.h, n, d, Some(&w.ffn_norm), eps)?;
+        b.matmul(&w.gate, 0, l.ffn, &s.h, n, &mut s.gate)?;
+        b.matmul(&w.up, 0, l.ffn, &s.h, n, &mut s.up)?;
+        b.gelu_mul(&mut s.gate, &s.up, n * l.ffn)?;
+        b.matmul(&w.down, 0, d, &s.gate, n, &mut s.o)?;
+        match &w.moe {
+            None => b.rms_norm(&mut s.o, n, d, Some(&w.post_ffw_norm), eps)?,
+            Some(m) => {
+                b.rms_norm(&mut s.o, n, d, Some(&m.post_norm_1), eps)?;
+                self.moe(l, m, n, s)?;
+                b.rms_norm(&mut s.moe_out, n, d, Some(&m.post_norm_2), eps)?;
+                b.add(&mut s.o, &s.moe_out, n * d)?;
+                b.rms_norm(&mut s.o, n, d, Some(&w.post_ffw_norm), eps)?;
+            }
+        }
+        b.add(&mut s.x, &s.o, n * d)?;
+
+        // --- Gemma 4 per-layer input ---
+        if let Some(pl) = &w.ple {
+            let p = cfg.ple_dim;
+            b.matmul(&pl.inp_gate, 0, p, &s.x, n, &mut s.ple_gate)?;
+            b.copy_strided(
+                &s.ple,
+                il * p,
+                cfg.n_layer * p,
+                &mut s.ple_slice,
+                0,
+                p,
+                n,
+                p,
+                1.0,
+                false,
+            )?;
+            b.gelu_mul(&mut s.ple_gate, &s.ple_slice, n * p)?;
+            b.matmul(&pl.proj, 0, d, &s.ple_gate, n, &mut s.o)?;
+            b.rms_norm(&mut s.o, n, d, Some(&pl.post_norm), eps)?;
+            b.add(&mut s.x, &s.o, n * d)?;
+        }
+        if w.output_scale != 1.0 {
+            b.scale(&mut s.x, w.output_scale, n * d)?;
+        }
+        Ok(())
+    }
+
+    /// Routed experts into `s.moe_out` (before `post_ffw_norm_2`). The router
+    /// reads the raw residual `s.x`; experts read `pre_ffw_norm_2(x)`.
+    fn moe(&self, l: &LayerConfig, m: &MoeLayer<B>, n: usize, s: &mut Scratch<B>) -> Result<()> {
+        let b = &self.backend;
+        let cfg = &self.config;
+        let d = cfg.n_embd;
+        let mc = l.moe.as_ref().expect("moe weights imply moe config");
+        let (ne, k, ff) = (mc.n_expert, mc.n_expert_used, mc.expert_ffn);
+
+        b.copy_strided(&s.x, 0, 0, &mut s.h, 0, 0, 1, n * d, 1.0, false)?;
+        b.rms_norm(&mut s.h, n, d, Some(&m.router_norm), cfg.rms_eps)?;
+        b.matmul(&m.router, 0, ne, &s.h, n, &mut s.router)?;
+        s.router_host.resize(n * ne, 0.0);
+        b.download(&s.router, 0, &mut s.router_host)?;
+
+        // Per expert: (token, weight) pairs.
+        for list in s.expert_tokens.iter_mut() {
+            list.clear();
+        }
+        s.expert_tokens.resize_with(ne, Vec::new);
+        for t in 0..n {
+            let row = &s.router_host[t * ne..(t + 1) * ne];
+            let mx = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let probs = &mut s.router_probs;
+            probs.clear();
+            probs.extend(row.iter().map(|&z| (z - mx).exp()));
+            let idx = &mut s.router_order;
+            idx.clear();
+            idx.extend(0..ne);
+            // Stable sort: ties keep the lower expert id.
+            idx.sort_by(|&a, &c| probs[c].total_cmp(&probs[a]));
+            let top = &idx[..k.min(ne)];
+            let sum: f32 = top.iter().map(|&e| probs[e]).sum();
+            for &e in top {
+                s.expert_tokens[e].push((t, probs[e] / sum * m.expert_scale[e]));
+            }
+        }
+
+        b.copy_strided(&s.x, 0, 0, &mut s.h, 0, 0, 1, n * d, 1.0, false)?;
+        b.rms_norm(&mut s.h, n, d, Some(&m.pre_norm_2), cfg.rms_eps)?;
+        b.scale(&mut s.moe_out, 0.0, n * d)?;
+        for e in 0..ne {
+            let list = std::mem::take(&mut s.expert_tokens[e]);
+            if list.is_empty() {
+                s.expert_tokens[e] = list;
+                continue;
+            }
+            let cnt = list.len();
+            for (i, &(t, _)) in list.iter().enumerate() {
+                b.copy_strided(&s.h, t * d, 0, &mut s.moe_x, i * d, 0, 1, d, 1.0, false)?;
+            }
+            match (&m.gate_up, &m.gate, &m.up) {
+                (Some(gu), _, _) => {
+                    b.matmul(gu, e * 2 * ff, ff, &s.moe_x, cnt, &mut s.moe_gate)?;
+                    b.matmul(gu, e * 2 * ff + ff, ff, &s.moe_x, cnt, &mut s.moe_up)?;
+                }
+                (None, Some(g), Some(u)) => {
+                    b.matmul(g, e * ff, ff, &s.moe_x, cnt, &mut s.moe_gate)?;
+                    b.matmul(u, e * ff, ff, &s.moe_x, cnt, &mut s.moe_up)?;
+                }
+                _ => {
+                    return Err(ModelError::MissingTensor {
+                        name: format!("blk.{}.ffn_gate_up_exps.weight", l.index),
+                    })
+                }
+            }
+            b.gelu_mul(&mut s.moe_gate, &s.moe_up, cnt * ff)?;
+            b.matmul(&m.down, e * d, d, &s.moe_gate, cnt, &mut s.moe_x)?;
+            for (i, &(t, wgt)) in list.iter().enumerate() {
+                b.copy_strided(
+                    &s.moe_x,
+                    i * d,
+                    0,
+                    &mut s.moe_out,
+                    t * d,
+                    0,
+                    1,
+                    d,
+                    wgt,
+                    true,
+                )?;
+            }
+            s.expert_tokens[e] = list;
+        }
+        Ok(())
+    }
+}
+
+/// Caller-owned activations for batches of up to `max_tokens` tokens:
+/// allocated once, reused by every forward call (no per-token allocation).
+pub struct Scratch<B: Backend> {
+    max_tokens: usize,
+    x: B::Buf,
+    h: B::Buf,
+    q: B::Buf,
+    attn: B::Buf,
+    o: B::Buf,
+    gate: B::Buf,
+    up: B::Buf,
+    /// This batch's K/V per KV-owning layer (committed to the cache after
+    /// the last layer, so KV-shared layers and rings see consistent data).
+    chunk_k: Vec<Option<B::Buf>>,
+    chunk_v: Vec<Option<B::Buf>>,
+    ple: B::Buf,
+    ple_tok: B::Buf,
+    ple_gate: B::Buf,
+    ple_slice: B::Buf,
+    router: B::Buf,
+    router_host: Vec<f32>,
+    router_probs: Vec<f32>,
+    router_order: Vec<usize>,
+    expert_tokens: Vec<Vec<(usize, f32)>>,
+    moe_x: B::Buf,
+    moe_gate: B::Buf,
+    moe_up: B::Buf,
+    moe_out: B::Buf,
+    logits: Option<B::Buf>,
+}
+
+impl<B: Backend> Scratch<B> {
+    pub fn new(b: &B, cfg: &ModelConfig, max_tokens: usize) -> Result<Self> {
+        if max_tokens == 0 {
+            return Err(ModelError::Invalid("scratch for 0 tokens".into()));
+        }
+        let n = max_tokens;
+        let d = cfg.n_embd;
+        let max_q = cfg.layers.iter().map(|l| l.q_dim()).max().unwrap_or(0);
+        let max_ff = cfg.layers.iter().map(|l| l.ffn).max().unwrap_or(0);
+        let moe = cfg.layers.iter().filter_map(|l| l.moe.as_ref()).next();
+        let (ne, eff) = moe.map_or((0, 0), |m| (m.n_expert, m.expert_ffn));
+        let mut chunk_k = Vec::with_capacity(cfg.n_layer);
+        let mut chunk_v = Vec::with_capacity(cfg.n_layer);
+        for l in &cfg.layers {
+            if l.owns_kv() {
+                chunk_k.push(Some(b.alloc(n * l.kv_dim())?));
+                chunk_v.push(Some(b.alloc(n * l.kv_dim())?));
+            } else {
+                chunk_k.push(None);
+                chunk_v.push(None);
+            }
+        }
+        let pw = cfg.n_layer * cfg.ple_dim;
+        Ok(Scratch {
+            max_tokens,
+            x: b.alloc(n * d)?,
+            h: b.alloc(n * d)?,
+            q: b.alloc(n * max_q)?,
+            attn: b.alloc(n * max_q)?,
+            o: b.alloc(n * d)?,
+            gate: b.alloc(n * max_ff)?,
+            up: b.alloc(n * max_ff)?,
+            chunk_k,
+            chunk_v,
+            ple: b.alloc(n * pw)?,
+            ple_tok: b.alloc(n * pw)?,
+            ple_gate: b.alloc(n * cfg.ple_dim)?,
+            ple_slice: b.alloc(n * cfg.ple_dim)?,
+            router: b.alloc(n * ne)?,
+            router_host: Vec::with_capacity(n * ne),
+            router_probs: Vec::with_capacity(ne),
+            router_order: Vec::with_capacity(ne),
+            expert_tokens: vec![Vec::with_capacity(n); ne],
+            moe_x: b.alloc(if ne > 0 { n * d } else { 0 })?,
+            moe_gate: b.alloc(n * eff)?,
+            moe_up: b.alloc(n * eff)?,
+            moe_out: b.alloc(if ne > 0 { n * d } else { 0 })?,
+            logits: None,
+        })
+    }
+
+    pub fn max_tokens(&self) -> usize {
+        self.max_tokens
+    }
+}

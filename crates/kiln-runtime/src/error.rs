@@ -1,0 +1,57 @@
+//! The runtime's error type.
+
+/// Everything that can go wrong in sampling, chat rendering and sessions.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RuntimeError {
+    /// A sampling parameter is outside its valid range.
+    #[error("invalid sampling parameter {name} = {value}: expected {expected}")]
+    InvalidSamplingParam {
+        name: &'static str,
+        value: String,
+        expected: &'static str,
+    },
+    /// A logit is NaN or +inf (a model or kernel bug, or an overflow).
+    #[error("logit {index} is {value} (not finite); the forward pass produced a bad value")]
+    NonFiniteLogit { index: usize, value: f32 },
+    /// Every token was excluded (all logits -inf after biases).
+    #[error("no token can be sampled: every logit is -inf")]
+    NoCandidate,
+    /// A token id (in `logit_bias`, a stop id or a prompt) is not in the vocab.
+    #[error("token id {id} is out of the vocabulary (size {vocab_size})")]
+    TokenOutOfVocab { id: u32, vocab_size: usize },
+    /// The chat template failed to parse or render.
+    #[error("chat template: {0}")]
+    Template(String),
+    /// A chat message has a role the built-in format does not know.
+    #[error("chat message {index} has role {role:?}; expected system, user or assistant")]
+    UnknownRole { index: usize, role: String },
+    /// The prompt does not fit the session's context.
+    #[error("prompt of {prompt_len} tokens plus {reserve} to generate exceeds the context of {max_context} tokens (set SessionOptions::truncate to keep the tail)")]
+    PromptTooLong {
+        prompt_len: usize,
+        reserve: usize,
+        max_context: usize,
+    },
+    /// An empty prompt where at least one token is needed.
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    /// An invalid session option.
+    #[error("invalid session option {name}: {reason}")]
+    InvalidOption { name: &'static str, reason: String },
+    /// The GGUF file could not be read.
+    #[error(transparent)]
+    Gguf(#[from] kiln_gguf::GgufError),
+    /// The model (config, weights or forward pass) failed.
+    #[error("model: {0}")]
+    Model(#[from] kiln_model::ModelError),
+    /// The tokenizer failed.
+    #[error("tokenizer: {0}")]
+    Tokenizer(#[from] kiln_tokenizer::TokenizerError),
+    /// The greedy head found no finite logit (NaN in the hidden state).
+    #[error("the greedy head returned no token: the hidden state holds NaN")]
+    NonFiniteHidden,
+}
+
+/// `Result` with a [`RuntimeError`].
+pub type Result<T> = std::result::Result<T, RuntimeError>;

@@ -1,0 +1,402 @@
+//! The packed Gemma session: a loaded model, its tokenizer, one KV cache and
+//! the buffers prefill and decode run in.
+//!
+//! - **Prefill** runs at a [`prefill_bucket`] size; each bucket has its own
+//!   scratch, kept in an LRU [`PlanCache`] of 16, so buffers are sized once per
+//!   bucket. The CPU computes only the real rows of a padded bucket ("active
+//!   extent"). Prompts longer than `max_prefill` run in chunks.
+//! - **Decode** grows the KV cache along a [`DecodeLadder`] of power-of-two
+//!   capacities and runs in one 1-token scratch: no allocation per token.
+//!   Greedy requests use the model's argmax head (no logits materialised).
+//! - **Reuse**: the session remembers which tokens its cache holds and the
+//!   output of the last one. A prompt equal to the previous one (e.g.
+//!   `generate` after `logits`) reuses that output; a prompt that extends
+//!   the cached tokens computes only the new suffix. Anything else is
+//!   recomputed: the model's `KvCache` has no rewind yet, and on sliding
+//!   layers a rewind is only sound when [`ring_allows_rewind`] says so.
+
+use std::ops::ControlFlow;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use kiln_cpu::CpuBackend;
+use kiln_gguf::Gguf;
+use kiln_model::{Backend, Model, ModelConfig, Output};
+use kiln_tokenizer::{StreamDecoder, Tokenizer};
+
+use crate::bucket::{DecodeLadder, PlanCache};
+use crate::chat::{ChatMessage, ChatOptions, ChatTemplate};
+use crate::error::{Result, RuntimeError};
+use crate::sampling::{argmax, Sampler, SamplingParams};
+use crate::stop::{StopMatcher, StopStatus};
+
+/// How many prefill plans (bucket scratches) stay cached.
+const PLAN_CACHE_SIZE: usize = 16;
+
+mod runner;
+mod types;
+
+use runner::{check_hidden, Last, Need, Runner};
+pub use types::*;
+
+/// A loaded model ready to generate.
+///
+/// ```no_run
+/// use std::ops::ControlFlow;
+/// use kiln_runtime::{Session, SessionOptions, SamplingParams, ChatMessage};
+/// let mut s = Session::load("gemma-3-270m-q4_k_m.gguf", SessionOptions::default())?;
+/// let prompt = s.render_chat(&[ChatMessage::user("Hi!")])?;
+/// let out = s.generate(&prompt, &SamplingParams::greedy(), |ev| {
+///     print!("{}", ev.text);
+///     ControlFlow::Continue(())
+/// })?;
+/// println!("\n{:.1} tok/s", out.stats.decode_tokens_per_s());
+/// # Ok::<(), kiln_runtime::RuntimeError>(())
+/// ```
+pub struct Session<B: Backend = CpuBackend> {
+    runner: Runner<B>,
+    tokenizer: Tokenizer,
+    chat: std::result::Result<ChatTemplate, String>,
+    eog: Vec<u32>,
+    opts: SessionOptions,
+}
+
+impl Session<CpuBackend> {
+    /// Opens a GGUF file and prepares a CPU session.
+    pub fn load(path: impl AsRef<Path>, opts: SessionOptions) -> Result<Self> {
+        let gguf = Arc::new(Gguf::open(path)?);
+        Session::with_backend(CpuBackend::new(), gguf, opts)
+    }
+}
+
+impl<B: Backend> Session<B> {
+    /// A session on any backend.
+    pub fn with_backend(backend: B, gguf: Arc<Gguf>, mut opts: SessionOptions) -> Result<Self> {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(opts.threads)
+            .build()
+            .map_err(|e| RuntimeError::InvalidOption {
+                name: "threads",
+                reason: e.to_string(),
+            })?;
+        let tokenizer = Tokenizer::from_gguf(&gguf)?;
+        let chat = ChatTemplate::from_gguf(&gguf).map_err(|e| e.to_string());
+        let model = Model::load(backend, gguf)?;
+        let ctx = model.config.context_length;
+        opts.max_context = if opts.max_context == 0 {
+            ctx
+        } else {
+            opts.max_context.min(ctx)
+        };
+        if opts.max_prefill == 0 {
+            return Err(RuntimeError::InvalidOption {
+                name: "max_prefill",
+                reason: "must be at least 1".into(),
+            });
+        }
+        opts.max_prefill = opts.max_prefill.min(opts.max_context);
+        let mut plans = PlanCache::new(PLAN_CACHE_SIZE);
+        // The smallest bucket is prepared up front (short prompts are common).
+        plans.get_or_try_insert(1, || model.new_scratch(1))?;
+        let decode_scratch = model.new_scratch(1)?;
+        let cache = model.new_cache()?;
+        let mut eog = tokenizer.eog_ids();
+        eog.sort_unstable();
+        let runner = Runner {
+            ladder: DecodeLadder::new(opts.max_context),
+            model,
+            cache,
+            cached: Vec::new(),
+            last: Last::None,
+            logits_buf: Vec::new(),
+            hidden_buf: Vec::new(),
+            plans,
+            decode_scratch,
+            reserved: 0,
+            max_prefill: opts.max_prefill,
+            max_context: opts.max_context,
+            pool,
+        };
+        Ok(Session {
+            runner,
+            tokenizer,
+            chat,
+            eog,
+            opts,
+        })
+    }
+
+    /// The model's configuration.
+    pub fn config(&self) -> &ModelConfig {
+        &self.runner.model.config
+    }
+    /// The tokenizer.
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+    /// The effective options (context capped by the model).
+    pub fn options(&self) -> &SessionOptions {
+        &self.opts
+    }
+    /// End-of-generation ids, ascending.
+    pub fn eog_ids(&self) -> &[u32] {
+        &self.eog
+    }
+    /// Prefill buckets whose scratch is currently cached.
+    pub fn prefill_buckets(&self) -> Vec<usize> {
+        self.runner.plans.buckets()
+    }
+    /// The tokens the KV cache currently holds.
+    pub fn cached_tokens(&self) -> &[u32] {
+        &self.runner.cached
+    }
+
+    /// Renders a conversation with the file's chat template (or the built-in
+    /// Gemma format), ready for [`generate`](Self::generate): the leading
+    /// BOS is left to the tokenizer.
+    pub fn render_chat(&self, messages: &[ChatMessage]) -> Result<String> {
+        let opts = ChatOptions {
+            tokenizer_adds_bos: self.tokenizer.add_bos(),
+            ..Default::default()
+        };
+        self.render_chat_with(messages, &opts)
+    }
+
+    /// [`render_chat`](Self::render_chat) with explicit options.
+    pub fn render_chat_with(&self, messages: &[ChatMessage], opts: &ChatOptions) -> Result<String> {
+        match &self.chat {
+            Ok(t) => t.render(messages, opts),
+            Err(e) => Err(RuntimeError::Template(e.clone())),
+        }
+    }
+
+    /// Tokenizes (text) or checks (ids) a prompt.
+    pub fn tokenize(&self, prompt: Prompt<'_>) -> Result<Vec<u32>> {
+        let ids = match prompt {
+            Prompt::Text(t) => self.tokenizer.encode(t, true, true),
+            Prompt::Tokens(t) => t.to_vec(),
+        };
+        if ids.is_empty() {
+            return Err(RuntimeError::EmptyPrompt);
+        }
+        let vocab_size = self.runner.model.config.n_vocab;
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab_size) {
+            return Err(RuntimeError::TokenOutOfVocab { id, vocab_size });
+        }
+        Ok(ids)
+    }
+
+    /// Forgets the KV cache (the next call recomputes its prompt).
+    pub fn reset(&mut self) {
+        self.runner.reset();
+    }
+
+    /// Logits of the prompt's last position, `[n_vocab]`. A following
+    /// [`generate`](Self::generate) on the same prompt reuses this prefill.
+    pub fn logits<'p>(&mut self, prompt: impl Into<Prompt<'p>>) -> Result<Vec<f32>> {
+        let ids = self.fit_prompt(self.tokenize(prompt.into())?, 1)?;
+        self.runner
+            .prefill(&ids, Need::Logits, &mut Stats::default())?;
+        Ok(self.runner.logits_buf.clone())
+    }
+
+    /// Logits of every prompt position, `[n_tokens * n_vocab]` row-major.
+    /// Always recomputes the whole prompt (earlier rows are not cached).
+    pub fn logits_all<'p>(&mut self, prompt: impl Into<Prompt<'p>>) -> Result<Vec<f32>> {
+        let ids = self.fit_prompt(self.tokenize(prompt.into())?, 1)?;
+        self.runner.reset();
+        let n_vocab = self.runner.model.config.n_vocab;
+        let mut all = Vec::with_capacity(ids.len() * n_vocab);
+        let mut rows = Vec::new();
+        for chunk in ids.chunks(self.opts.max_prefill) {
+            self.runner
+                .run_prefill_chunk(chunk, Output::AllLogits, &mut rows)?;
+            all.extend_from_slice(&rows);
+        }
+        if let Some(index) = all.iter().position(|l| !l.is_finite()) {
+            return Err(RuntimeError::NonFiniteLogit {
+                index,
+                value: all[index],
+            });
+        }
+        // The last row is the usual reusable output.
+        self.runner.logits_buf.clear();
+        self.runner
+            .logits_buf
+            .extend_from_slice(&all[all.len() - n_vocab..]);
+        self.runner.last = Last::Logits;
+        Ok(all)
+    }
+
+    /// The post-final-norm hidden state of the prompt's last token and,
+    /// with `mean = true`, its mean over all tokens. The mean runs the
+    /// prompt one token at a time (the model exposes only the last row's
+    /// hidden state), so it costs one decode step per token.
+    pub fn embed<'p>(&mut self, prompt: impl Into<Prompt<'p>>, mean: bool) -> Result<Embedding> {
+        let ids = self.fit_prompt(self.tokenize(prompt.into())?, 1)?;
+        if !mean {
+            self.runner
+                .prefill(&ids, Need::Hidden, &mut Stats::default())?;
+            return Ok(Embedding {
+                last: self.runner.hidden_buf.clone(),
+                mean: None,
+            });
+        }
+        self.runner.reset();
+        let d = self.runner.model.config.n_embd;
+        let mut sum = vec![0.0f64; d];
+        for &id in &ids {
+            self.runner.step(id, Output::LastHidden)?;
+            check_hidden(&self.runner.hidden_buf)?;
+            sum.iter_mut()
+                .zip(&self.runner.hidden_buf)
+                .for_each(|(s, &h)| *s += h as f64);
+        }
+        self.runner.last = Last::Hidden;
+        let n = ids.len() as f64;
+        Ok(Embedding {
+            last: self.runner.hidden_buf.clone(),
+            mean: Some(sum.iter().map(|&s| (s / n) as f32).collect()),
+        })
+    }
+
+    /// Generates from `prompt`, streaming each token to `on_token`, until an
+    /// end-of-generation token (unless `ignore_eos`), a stop token or string,
+    /// `max_tokens`, a full context, or `ControlFlow::Break` from the callback.
+    pub fn generate<'p>(
+        &mut self,
+        prompt: impl Into<Prompt<'p>>,
+        params: &SamplingParams,
+        mut on_token: impl FnMut(TokenEvent) -> ControlFlow<()>,
+    ) -> Result<Generation> {
+        let mut sampler = Sampler::new(params.clone())?;
+        let reserve = params.max_tokens.min(self.opts.max_context / 2).max(1);
+        let ids = self.fit_prompt(self.tokenize(prompt.into())?, reserve)?;
+        let mut stats = Stats {
+            prompt_tokens: ids.len(),
+            ..Default::default()
+        };
+        // Prompt tokens enter the penalty window, as in llama.cpp's server.
+        sampler.accept_all(&ids);
+        let greedy = params.is_greedy();
+
+        let runner = &mut self.runner;
+        runner.prefill(&ids, Need::Logits, &mut stats)?;
+        let decode_start = Instant::now();
+        let mut decoder = StreamDecoder::new(&self.tokenizer, false);
+        let mut matcher = StopMatcher::new(params.stop.clone());
+        let mut out = Generation {
+            tokens: Vec::new(),
+            text: String::new(),
+            finish: FinishReason::Length,
+            stats,
+        };
+        let finish = loop {
+            if out.tokens.len() >= params.max_tokens {
+                break FinishReason::Length;
+            }
+            let id = match runner.last {
+                Last::Argmax(id) => id,
+                _ if greedy => argmax(&runner.logits_buf)?,
+                _ => {
+                    // Sampling biases the row in place: it no longer holds
+                    // the model's logits for reuse.
+                    runner.last = Last::None;
+                    sampler.sample(&mut runner.logits_buf)?
+                }
+            };
+            if !params.ignore_eos && self.eog.binary_search(&id).is_ok() {
+                break FinishReason::Eog(id);
+            }
+            if params.stop_token_ids.contains(&id) {
+                break FinishReason::StopToken(id);
+            }
+            sampler.accept(id);
+            let index = out.tokens.len();
+            out.tokens.push(id);
+            let piece = decoder.push(id)?;
+            let (text, stopped) = match matcher.push(&piece) {
+                StopStatus::Continue { emit } => (emit, None),
+                StopStatus::Stopped { emit, stop_index } => (emit, Some(stop_index)),
+            };
+            out.text.push_str(&text);
+            let flow = on_token(TokenEvent {
+                id: Some(id),
+                text,
+                index,
+            });
+            if let Some(i) = stopped {
+                break FinishReason::StopString(i);
+            }
+            if flow.is_break() {
+                break FinishReason::Cancelled;
+            }
+            if out.tokens.len() >= params.max_tokens {
+                break FinishReason::Length;
+            }
+            if runner.cache.len() + 1 > runner.max_context {
+                break FinishReason::ContextFull;
+            }
+            runner.step(
+                id,
+                if greedy {
+                    Output::Argmax
+                } else {
+                    Output::LastLogits
+                },
+            )?;
+            out.stats.decode_tokens += 1;
+        };
+        // Release text held back for a possible stop string or UTF-8 tail.
+        if !matches!(finish, FinishReason::StopString(_)) {
+            let mut tail = matcher.push(&decoder.finish());
+            if let StopStatus::Continue { emit } = &mut tail {
+                emit.push_str(&matcher.finish());
+            }
+            let (text, stop) = match tail {
+                StopStatus::Continue { emit } => (emit, None),
+                StopStatus::Stopped { emit, stop_index } => (emit, Some(stop_index)),
+            };
+            if !text.is_empty() {
+                out.text.push_str(&text);
+                let _ = on_token(TokenEvent {
+                    id: None,
+                    text,
+                    index: out.tokens.len(),
+                });
+            }
+            out.finish = stop.map_or(finish, FinishReason::StopString);
+        } else {
+            out.finish = finish;
+        }
+        out.stats.decode_time = decode_start.elapsed();
+        Ok(out)
+    }
+
+    /// Applies the context limit: error, or keep BOS + tail (see
+    /// [`Truncation`]). `reserve` is the room kept for new tokens.
+    fn fit_prompt(&self, ids: Vec<u32>, reserve: usize) -> Result<Vec<u32>> {
+        let max = self.opts.max_context;
+        // Room for the prompt and at least one generated token.
+        if ids.len() < max {
+            return Ok(ids);
+        }
+        let keep = max.saturating_sub(reserve).max(1);
+        match self.opts.truncation {
+            Truncation::Error => Err(RuntimeError::PromptTooLong {
+                prompt_len: ids.len(),
+                reserve: 1,
+                max_context: max,
+            }),
+            Truncation::KeepTail => {
+                let bos = self.tokenizer.bos_id().filter(|&b| ids.first() == Some(&b));
+                let mut out = Vec::with_capacity(keep);
+                out.extend(bos);
+                let tail = keep - out.len();
+                out.extend_from_slice(&ids[ids.len() - tail..]);
+                Ok(out)
+            }
+        }
+    }
+}

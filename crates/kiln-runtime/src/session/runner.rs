@@ -1,0 +1,218 @@
+//! The model side of a session: prefill with reuse and buckets, decode
+//! steps along the ladder.
+
+use std::time::Instant;
+
+use kiln_model::{Backend, KvCache, Model, Output, Scratch};
+
+use super::Stats;
+use crate::bucket::{prefill_bucket, ring_allows_rewind, DecodeLadder, PlanCache};
+use crate::error::{Result, RuntimeError};
+
+/// What the cache's last token produced, kept for reuse.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Last {
+    None,
+    /// `Session::logits_buf` holds the last position's logits.
+    Logits,
+    Argmax(u32),
+    /// `Session::hidden_buf` holds the last position's hidden state.
+    Hidden,
+}
+
+/// What a prefill has to produce for its last token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Need {
+    Logits,
+    Hidden,
+}
+
+/// The model side of a session: weights, cache, buffers. Kept apart from
+/// the tokenizer so that a streaming decoder can borrow the tokenizer while
+/// decode steps mutate this.
+pub(super) struct Runner<B: Backend> {
+    pub(super) model: Model<B>,
+    pub(super) cache: KvCache<B>,
+    /// The tokens whose K/V the cache holds, in order.
+    pub(super) cached: Vec<u32>,
+    pub(super) last: Last,
+    pub(super) logits_buf: Vec<f32>,
+    pub(super) hidden_buf: Vec<f32>,
+    pub(super) plans: PlanCache<Scratch<B>>,
+    pub(super) decode_scratch: Scratch<B>,
+    pub(super) ladder: DecodeLadder,
+    /// KV positions reserved so far (a ladder rung).
+    pub(super) reserved: usize,
+    pub(super) max_prefill: usize,
+    pub(super) max_context: usize,
+    pub(super) pool: rayon::ThreadPool,
+}
+
+impl<B: Backend> Runner<B> {
+    /// Forgets the KV cache.
+    pub(super) fn reset(&mut self) {
+        self.cache.clear();
+        self.cached.clear();
+        self.last = Last::None;
+    }
+
+    /// Brings the cache to exactly `ids` with the last token's `need`ed
+    /// output in `logits_buf` / `hidden_buf`, reusing what it can.
+    pub(super) fn prefill(&mut self, ids: &[u32], need: Need, stats: &mut Stats) -> Result<()> {
+        let have = matches!(
+            (self.last, need),
+            (Last::Logits, Need::Logits) | (Last::Hidden, Need::Hidden)
+        );
+        if self.cached == ids && have {
+            stats.reused_tokens = ids.len();
+            return Ok(());
+        }
+        let keep = self.reusable_prefix(ids);
+        if keep < self.cached.len() {
+            // No rewind in the model's KvCache: recompute from scratch.
+            self.reset();
+        }
+        let start = self.cached.len();
+        stats.reused_tokens = start;
+        stats.prefill_tokens = ids.len() - start;
+        let t0 = Instant::now();
+        self.last = Last::None;
+        let output = match need {
+            Need::Logits => Output::LastLogits,
+            Need::Hidden => Output::LastHidden,
+        };
+        let chunks: Vec<&[u32]> = ids[start..].chunks(self.max_prefill).collect();
+        let n_chunks = chunks.len();
+        let mut buf = std::mem::take(match need {
+            Need::Logits => &mut self.logits_buf,
+            Need::Hidden => &mut self.hidden_buf,
+        });
+        let mut result = Ok(());
+        for (i, chunk) in chunks.into_iter().enumerate() {
+            // Earlier chunks only fill the cache: ask for the cheapest output.
+            let out = if i + 1 == n_chunks {
+                output
+            } else {
+                Output::LastHidden
+            };
+            result = self.run_prefill_chunk(chunk, out, &mut buf);
+            if result.is_err() {
+                break;
+            }
+        }
+        match need {
+            Need::Logits => self.logits_buf = buf,
+            Need::Hidden => self.hidden_buf = buf,
+        }
+        result?;
+        match need {
+            Need::Logits => {
+                if let Some(index) = self.logits_buf.iter().position(|l| !l.is_finite()) {
+                    let value = self.logits_buf[index];
+                    return Err(RuntimeError::NonFiniteLogit { index, value });
+                }
+                self.last = Last::Logits;
+            }
+            Need::Hidden => {
+                check_hidden(&self.hidden_buf)?;
+                self.last = Last::Hidden;
+            }
+        }
+        stats.prefill_time = t0.elapsed();
+        Ok(())
+    }
+
+    /// How many cached tokens the prompt `ids` can keep: the common prefix,
+    /// leaving at least the last prompt token to compute, and only where the
+    /// sliding rings still hold what the rest needs.
+    fn reusable_prefix(&self, ids: &[u32]) -> usize {
+        let lcp = self
+            .cached
+            .iter()
+            .zip(ids)
+            .take_while(|(a, b)| a == b)
+            .count();
+        let keep = lcp.min(ids.len() - 1);
+        let rings: Vec<usize> = self
+            .model
+            .config
+            .layers
+            .iter()
+            .filter(|l| l.window.is_some())
+            .map(|l| self.cache.allocated_rows(l.index))
+            .filter(|&r| r > 0)
+            .collect();
+        if ring_allows_rewind(self.cached.len(), keep, &rings) {
+            keep
+        } else {
+            0
+        }
+    }
+
+    /// One prefill chunk at its bucket's scratch; appends to the cache.
+    pub(super) fn run_prefill_chunk(
+        &mut self,
+        chunk: &[u32],
+        output: Output,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        let bucket = prefill_bucket(chunk.len(), self.max_prefill);
+        self.reserve_kv(self.cache.len() + chunk.len())?;
+        let model = &self.model;
+        let scratch = self
+            .plans
+            .get_or_try_insert(bucket, || model.new_scratch(bucket))?;
+        let cache = &mut self.cache;
+        self.pool
+            .install(|| model.forward(chunk, cache, scratch, output, out))?;
+        self.cached.extend_from_slice(chunk);
+        Ok(())
+    }
+
+    /// One decode step of token `id` in the 1-token scratch.
+    pub(super) fn step(&mut self, id: u32, output: Output) -> Result<()> {
+        self.reserve_kv(self.cache.len() + 1)?;
+        self.last = Last::None;
+        let (model, cache, scratch) = (&self.model, &mut self.cache, &mut self.decode_scratch);
+        let buf = match output {
+            Output::LastHidden => &mut self.hidden_buf,
+            _ => &mut self.logits_buf,
+        };
+        let r = self
+            .pool
+            .install(|| model.forward(&[id], cache, scratch, output, buf))?;
+        self.cached.push(id);
+        self.last = match (output, r) {
+            (Output::Argmax, Some(t)) if (t as usize) < model.config.n_vocab => Last::Argmax(t),
+            (Output::Argmax, _) => return Err(RuntimeError::NonFiniteHidden),
+            (Output::LastHidden, _) => Last::Hidden,
+            _ => Last::Logits,
+        };
+        Ok(())
+    }
+
+    /// Grows the cache to the ladder rung holding `n_pos` positions.
+    pub(super) fn reserve_kv(&mut self, n_pos: usize) -> Result<()> {
+        if n_pos <= self.reserved {
+            return Ok(());
+        }
+        let rung = self
+            .ladder
+            .rung_for(n_pos)
+            .ok_or(RuntimeError::PromptTooLong {
+                prompt_len: n_pos,
+                reserve: 0,
+                max_context: self.max_context,
+            })?;
+        self.cache.reserve(self.model.backend(), rung)?;
+        self.reserved = rung;
+        Ok(())
+    }
+}
+
+pub(super) fn check_hidden(h: &[f32]) -> Result<()> {
+    if h.iter().any(|x| !x.is_finite()) {
+        return Err(RuntimeError::NonFiniteHidden);
+    }
+    Ok(())
+}
