@@ -1,1 +1,73 @@
-fn main() {}
+//! `kiln`: the command line. `main` parses the flags and dispatches to one
+//! module per subcommand under `cmd/`; every failure becomes one
+//! `error: ...` line on stderr and exit code 1 (clap's usage errors: 2).
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod cmd;
+mod model_path;
+
+#[derive(Parser)]
+#[command(
+    name = "kiln",
+    version,
+    about = "Kiln: Gemma 2/3/4 inference on GGUF models",
+    long_about = "Kiln: Gemma 2/3/4 inference on GGUF models.\n\n\
+        MODEL arguments default to $KILN_MODEL, else \
+        $KILN_CACHE_DIR/gemma-3-270m-q4_k_m.gguf (cache default ~/.cache/kiln), \
+        which scripts/fetch-test-data downloads."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    Inspect(cmd::inspect::Args),
+    Tokenize(cmd::tokenize::Args),
+    Detokenize(cmd::detokenize::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Inspect(a) => cmd::inspect::run(a),
+        Command::Tokenize(a) => cmd::tokenize::run(a),
+        Command::Detokenize(a) => cmd::detokenize::run(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        // `kiln ... | head` is not a failure.
+        Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {}", one_line(&e));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The error and its causes joined by ": ", skipping a cause whose text the
+/// message before it already includes (errors that print their source).
+fn one_line(e: &anyhow::Error) -> String {
+    let mut msg = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if !msg.contains(&text) {
+            if !msg.is_empty() {
+                msg.push_str(": ");
+            }
+            msg.push_str(&text);
+        }
+    }
+    msg.replace('\n', " ")
+}
+
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}

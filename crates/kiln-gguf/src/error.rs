@@ -6,7 +6,7 @@ pub type Result<T, E = GgufError> = std::result::Result<T, E>;
 /// from the start of the file.
 #[derive(Debug, thiserror::Error)]
 pub enum GgufError {
-    #[error("cannot open {path}: {source}")]
+    #[error("cannot open {path}")]
     Io {
         path: PathBuf,
         #[source]
@@ -22,10 +22,16 @@ pub enum GgufError {
         needed: u64,
         what: &'static str,
     },
-    #[error("{what} count {count} at offset {offset} is larger than the file allows")]
+    #[error("{what} {count} at offset {offset} needs more bytes than the file has left (truncated or corrupt)")]
     CountTooLarge {
         what: &'static str,
         count: u64,
+        offset: u64,
+    },
+    #[error("{what} length {len} at offset {offset} runs past the end of the file")]
+    StringTooLong {
+        what: &'static str,
+        len: u64,
         offset: u64,
     },
     #[error("string at offset {offset} is not valid UTF-8")]
@@ -46,28 +52,36 @@ pub enum GgufError {
         n_dims: u32,
         offset: u64,
     },
-    #[error("tensor {name:?}: dimensions {dims:?} overflow or are zero-sized incorrectly (offset {offset})")]
+    #[error("tensor {name:?}: dimensions {dims:?} at offset {offset} include a zero")]
+    ZeroDim {
+        name: String,
+        dims: Vec<u64>,
+        offset: u64,
+    },
+    #[error("tensor {name:?}: dimensions {dims:?} at offset {offset} overflow (element or byte count above 2^63)")]
     DimsOverflow {
         name: String,
         dims: Vec<u64>,
         offset: u64,
     },
-    #[error("tensor {name:?}: {elems} elements is not a whole number of {ty} blocks of {block}")]
+    #[error("tensor {name:?}: row of {elems} elements at offset {offset} is not a whole number of {ty} blocks of {block}")]
     NotWholeBlocks {
         name: String,
         ty: GgmlTypeName,
         elems: u64,
         block: usize,
+        offset: u64,
     },
-    #[error("general.alignment {0} is not a power of two > 0")]
-    BadAlignment(u64),
-    #[error("tensor {name:?}: data offset {offset} is not a multiple of the alignment {alignment}")]
+    #[error("general.alignment {found} at offset {offset} is not a power of two > 0")]
+    BadAlignment { found: String, offset: u64 },
+    #[error("tensor {name:?}: data offset {offset} (tensor info at file offset {info_offset}) is not a multiple of the alignment {alignment}")]
     Misaligned {
         name: String,
         offset: u64,
         alignment: u64,
+        info_offset: u64,
     },
-    #[error("tensor {name:?}: data [{start}, {end}) lies outside the file's data section [{data_start}, {file_len})")]
+    #[error("tensor {name:?}: data [{start}, {end}) lies outside the file's data section [{data_start}, {file_len}) (file truncated or offset corrupt)")]
     OutOfBounds {
         name: String,
         start: u64,

@@ -4,10 +4,16 @@
 //! count, length and offset read from the file is checked against the file
 //! size before anything is allocated, so a malformed file gives a
 //! [`GgufError`] naming the problem and its byte offset, never a panic.
+//!
+//! [`write::GgufWriter`] writes GGUF files (synthetic models, tests), and
+//! [`malformed::variants`] corrupts a valid file in every way the reader
+//! must reject, for tests and fuzz seeds.
 
 mod error;
+pub mod malformed;
 mod reader;
 mod value;
+pub mod write;
 
 pub use error::{GgufError, Result};
 pub use kiln_quant::GgmlType;

@@ -76,6 +76,10 @@ impl<'a> TensorView<'a> {
     }
 
     /// The packed bytes of row `r` (rows are along ne0).
+    ///
+    /// # Panics
+    /// When `r >= info.n_rows()`: a caller's bug, never the file's (every
+    /// view's bytes were checked to hold all its rows).
     pub fn row(&self, r: usize) -> &'a [u8] {
         let rb = self.info.row_bytes();
         &self.data[r * rb..(r + 1) * rb]
@@ -142,7 +146,7 @@ impl<'a> Cursor<'a> {
         Ok(u64::from_le_bytes(self.array(what)?))
     }
 
-    /// A count (v3: u64, v2: u64 too; v1 used u32 and is not supported).
+    /// A count (u64 in v2 and v3; v1 used u32 and is not supported).
     /// `min_item` is the least number of bytes each item takes, so a count
     /// that could not fit in the rest of the file is rejected before any
     /// allocation.
@@ -163,11 +167,7 @@ impl<'a> Cursor<'a> {
         let offset = self.pos as u64;
         let len = self.u64(what)?;
         if len > self.remaining() {
-            return Err(GgufError::CountTooLarge {
-                what: "string length",
-                count: len,
-                offset,
-            });
+            return Err(GgufError::StringTooLong { what, len, offset });
         }
         let bytes = self.take(len, what)?;
         String::from_utf8(bytes.to_vec()).map_err(|_| GgufError::BadUtf8 { offset })
@@ -203,8 +203,8 @@ impl<'a> Cursor<'a> {
                     ValueType::String => 8,
                     _ => 12,
                 });
-                let n = self.count("array element", min)?;
-                let mut items = Vec::with_capacity(n as usize);
+                let n = self.count("array element count", min)?;
+                let mut items = Vec::with_capacity(bounded_capacity::<Value>(n, self.remaining()));
                 for _ in 0..n {
                     items.push(self.value(elem_ty, depth + 1)?);
                 }
@@ -218,6 +218,161 @@ impl<'a> Cursor<'a> {
         let id = self.u32("value type")?;
         ValueType::from_id(id).ok_or(GgufError::BadValueType { ty: id, offset })
     }
+}
+
+/// Least bytes a tensor info takes: name length (8), n_dims (4, may be 0),
+/// type (4), offset (8).
+const MIN_TENSOR_INFO_BYTES: u64 = 24;
+/// Least bytes a key-value takes: key length (8), type (4), a 1-byte value.
+const MIN_KV_BYTES: u64 = 13;
+/// ggml keeps element counts in int64.
+const MAX_ELEMENTS: u64 = i64::MAX as u64;
+
+/// How many `T`s to reserve for `n` items read from the file: never more
+/// than the bytes left in the file could hold, so that a lying count costs
+/// no allocation larger than the file (the vector still grows as real items
+/// are parsed, each of which consumes file bytes).
+fn bounded_capacity<T>(n: u64, remaining: u64) -> usize {
+    let fit = remaining / std::mem::size_of::<T>().max(1) as u64;
+    n.min(fit) as usize
+}
+
+type Metadata = (
+    Vec<(String, Value)>,
+    HashMap<String, usize>,
+    Option<(usize, u64)>,
+);
+
+/// Reads `n_kv` key-values; also returns where `general.alignment` is
+/// (index, file offset of its value) when present.
+fn parse_metadata(c: &mut Cursor<'_>, n_kv: u64) -> Result<Metadata> {
+    let cap = bounded_capacity::<(String, Value)>(n_kv, c.remaining());
+    let mut metadata = Vec::with_capacity(cap);
+    let mut index = HashMap::with_capacity(cap);
+    let mut alignment_at = None;
+    for _ in 0..n_kv {
+        let offset = c.pos as u64;
+        let key = c.string("metadata key")?;
+        let ty = c.value_type()?;
+        let value_offset = c.pos as u64;
+        let value = c.value(ty, 0)?;
+        if index.insert(key.clone(), metadata.len()).is_some() {
+            return Err(GgufError::DuplicateKey { key, offset });
+        }
+        if key == "general.alignment" {
+            alignment_at = Some((metadata.len(), value_offset));
+        }
+        metadata.push((key, value));
+    }
+    Ok((metadata, index, alignment_at))
+}
+
+/// Reads and validates one tensor info (everything but its data range,
+/// which needs the data section start).
+fn parse_tensor_info(c: &mut Cursor<'_>, alignment: u64) -> Result<TensorInfo> {
+    let info_offset = c.pos as u64;
+    let name = c.string("tensor name")?;
+    let dims_offset = c.pos as u64;
+    let n_dims = c.u32("tensor dimension count")?;
+    if n_dims > MAX_DIMS {
+        return Err(GgufError::BadDims {
+            name,
+            n_dims,
+            offset: dims_offset,
+        });
+    }
+    let mut dims = Vec::with_capacity(n_dims as usize);
+    for _ in 0..n_dims {
+        dims.push(c.u64("tensor dimension")?);
+    }
+    let ty_offset = c.pos as u64;
+    let ty_id = c.u32("tensor type")?;
+    let Some(ty) = GgmlType::from_id(ty_id) else {
+        return Err(GgufError::BadTensorType {
+            name,
+            ty: ty_id,
+            offset: ty_offset,
+        });
+    };
+    let offset = c.u64("tensor data offset")?;
+    // ggml cannot represent an empty tensor (llama.cpp divides by each dim).
+    if dims.contains(&0) {
+        return Err(GgufError::ZeroDim {
+            name,
+            dims,
+            offset: dims_offset,
+        });
+    }
+    let n_elements = dims
+        .iter()
+        .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+        .filter(|&n| n <= MAX_ELEMENTS);
+    let row_len = dims.first().copied().unwrap_or(1);
+    if n_elements.is_some() && !row_len.is_multiple_of(ty.block_elems() as u64) {
+        return Err(GgufError::NotWholeBlocks {
+            name,
+            ty: ty.name(),
+            elems: row_len,
+            block: ty.block_elems(),
+            offset: dims_offset,
+        });
+    }
+    let Some((n_elements, n_bytes)) = n_elements.and_then(|n| Some((n, ty.bytes_for(n)?))) else {
+        return Err(GgufError::DimsOverflow {
+            name,
+            dims,
+            offset: dims_offset,
+        });
+    };
+    if !offset.is_multiple_of(alignment) {
+        return Err(GgufError::Misaligned {
+            name,
+            offset,
+            alignment,
+            info_offset,
+        });
+    }
+    Ok(TensorInfo {
+        name,
+        dims,
+        ty,
+        offset,
+        n_elements,
+        n_bytes,
+    })
+}
+
+/// Every tensor's bytes must lie inside the file, after `data_start`, and
+/// no two may share a byte.
+fn check_data_section(tensors: &[TensorInfo], data_start: u64, file_len: u64) -> Result<()> {
+    for t in tensors {
+        let start = data_start.checked_add(t.offset);
+        let end = start.and_then(|s| s.checked_add(t.n_bytes));
+        if !matches!(end, Some(end) if end <= file_len) {
+            return Err(GgufError::OutOfBounds {
+                name: t.name.clone(),
+                start: data_start.saturating_add(t.offset),
+                end: data_start
+                    .saturating_add(t.offset)
+                    .saturating_add(t.n_bytes),
+                data_start,
+                file_len,
+            });
+        }
+    }
+    let mut order: Vec<&TensorInfo> = tensors.iter().collect();
+    order.sort_by_key(|t| t.offset);
+    for w in order.windows(2) {
+        // In bounds (checked above), so these sums cannot overflow.
+        if w[0].offset + w[0].n_bytes > w[1].offset {
+            return Err(GgufError::Overlap {
+                a: w[0].name.clone(),
+                b: w[1].name.clone(),
+                offset: data_start + w[1].offset,
+            });
+        }
+    }
+    Ok(())
 }
 
 impl Gguf {
@@ -247,141 +402,49 @@ impl Gguf {
         if &magic != MAGIC {
             return Err(GgufError::BadMagic { found: magic });
         }
+        // v2 and v3 share one layout (v3 only allowed big-endian files,
+        // which announce themselves here as version 0x0300_0000).
         let version = c.u32("version")?;
         if !(2..=3).contains(&version) {
             return Err(GgufError::BadVersion(version));
         }
-        // Each tensor info takes at least 8 (name len) + 4 + 8 + 4 + 8 bytes.
-        let n_tensors = c.count("tensor", 32)?;
-        // Each key-value takes at least 8 (key len) + 4 (type) + 1 bytes.
-        let n_kv = c.count("metadata key-value", 13)?;
+        let n_tensors = c.count("tensor count", MIN_TENSOR_INFO_BYTES)?;
+        let n_kv = c.count("metadata key-value count", MIN_KV_BYTES)?;
 
-        let mut metadata = Vec::with_capacity(n_kv as usize);
-        let mut meta_index = HashMap::with_capacity(n_kv as usize);
-        for _ in 0..n_kv {
-            let offset = c.pos as u64;
-            let key = c.string("metadata key")?;
-            let ty = c.value_type()?;
-            let value = c.value(ty, 0)?;
-            if meta_index.insert(key.clone(), metadata.len()).is_some() {
-                return Err(GgufError::DuplicateKey { key, offset });
-            }
-            metadata.push((key, value));
-        }
-
-        let alignment = match meta_index.get("general.alignment") {
+        let (metadata, meta_index, alignment_at) = parse_metadata(&mut c, n_kv)?;
+        let alignment = match alignment_at {
             None => DEFAULT_ALIGNMENT,
-            Some(&i) => {
-                let a = metadata[i].1.as_u64().unwrap_or(0);
-                if a == 0 || !a.is_power_of_two() {
-                    return Err(GgufError::BadAlignment(a));
+            Some((i, offset)) => {
+                let v = &metadata[i].1;
+                match v.as_u64() {
+                    Some(a) if a.is_power_of_two() => a,
+                    _ => {
+                        return Err(GgufError::BadAlignment {
+                            found: v.to_string(),
+                            offset,
+                        })
+                    }
                 }
-                a
             }
         };
 
-        let mut tensors = Vec::with_capacity(n_tensors as usize);
-        let mut tensor_index = HashMap::with_capacity(n_tensors as usize);
+        let cap = bounded_capacity::<TensorInfo>(n_tensors, c.remaining());
+        let mut tensors = Vec::with_capacity(cap);
+        let mut tensor_index = HashMap::with_capacity(cap);
         for _ in 0..n_tensors {
             let info_offset = c.pos as u64;
-            let name = c.string("tensor name")?;
-            let dims_offset = c.pos as u64;
-            let n_dims = c.u32("tensor dimension count")?;
-            if n_dims > MAX_DIMS {
-                return Err(GgufError::BadDims {
-                    name,
-                    n_dims,
-                    offset: dims_offset,
-                });
-            }
-            let mut dims = Vec::with_capacity(n_dims as usize);
-            for _ in 0..n_dims {
-                dims.push(c.u64("tensor dimension")?);
-            }
-            let ty_offset = c.pos as u64;
-            let ty_id = c.u32("tensor type")?;
-            let ty = GgmlType::from_id(ty_id).ok_or_else(|| GgufError::BadTensorType {
-                name: name.clone(),
-                ty: ty_id,
-                offset: ty_offset,
-            })?;
-            let offset = c.u64("tensor data offset")?;
-            let n_elements = dims
-                .iter()
-                .try_fold(1u64, |acc, &d| acc.checked_mul(d))
-                .filter(|_| dims.iter().all(|&d| d > 0))
-                .ok_or_else(|| GgufError::DimsOverflow {
-                    name: name.clone(),
-                    dims: dims.clone(),
-                    offset: dims_offset,
-                })?;
-            if dims.first().copied().unwrap_or(1) % ty.block_elems() as u64 != 0 {
-                return Err(GgufError::NotWholeBlocks {
-                    name,
-                    ty: ty.name(),
-                    elems: dims.first().copied().unwrap_or(1),
-                    block: ty.block_elems(),
-                });
-            }
-            let n_bytes = ty
-                .bytes_for(n_elements)
-                .ok_or_else(|| GgufError::DimsOverflow {
-                    name: name.clone(),
-                    dims: dims.clone(),
-                    offset: dims_offset,
-                })?;
-            if offset % alignment != 0 {
-                return Err(GgufError::Misaligned {
-                    name,
-                    offset,
-                    alignment,
-                });
-            }
-            if tensor_index.insert(name.clone(), tensors.len()).is_some() {
+            let t = parse_tensor_info(&mut c, alignment)?;
+            if tensor_index.insert(t.name.clone(), tensors.len()).is_some() {
                 return Err(GgufError::DuplicateTensor {
-                    name,
+                    name: t.name,
                     offset: info_offset,
                 });
             }
-            tensors.push(TensorInfo {
-                name,
-                dims,
-                ty,
-                offset,
-                n_elements,
-                n_bytes,
-            });
+            tensors.push(t);
         }
 
-        let file_len = buf.len() as u64;
         let data_start = (c.pos as u64).div_ceil(alignment) * alignment;
-        for t in &tensors {
-            let start = data_start.checked_add(t.offset);
-            let end = start.and_then(|s| s.checked_add(t.n_bytes));
-            match (start, end) {
-                (Some(_), Some(end)) if end <= file_len => {}
-                _ => {
-                    return Err(GgufError::OutOfBounds {
-                        name: t.name.clone(),
-                        start: data_start.saturating_add(t.offset),
-                        end: data_start.saturating_add(t.offset).saturating_add(t.n_bytes),
-                        data_start,
-                        file_len,
-                    })
-                }
-            }
-        }
-        let mut order: Vec<&TensorInfo> = tensors.iter().collect();
-        order.sort_by_key(|t| t.offset);
-        for w in order.windows(2) {
-            if w[0].offset + w[0].n_bytes > w[1].offset {
-                return Err(GgufError::Overlap {
-                    a: w[0].name.clone(),
-                    b: w[1].name.clone(),
-                    offset: data_start + w[1].offset,
-                });
-            }
-        }
+        check_data_section(&tensors, data_start, buf.len() as u64)?;
 
         Ok(Gguf {
             backing,
@@ -473,7 +536,9 @@ impl Gguf {
 
     pub fn get_str_array(&self, key: &str) -> Result<Vec<&str>> {
         let v = self.require(key)?;
-        let arr = v.as_array().ok_or_else(|| self.wrong(key, v, "string array"))?;
+        let arr = v
+            .as_array()
+            .ok_or_else(|| self.wrong(key, v, "string array"))?;
         arr.iter()
             .map(|x| x.as_str().ok_or_else(|| self.wrong(key, v, "string array")))
             .collect()
@@ -481,7 +546,9 @@ impl Gguf {
 
     pub fn get_f32_array(&self, key: &str) -> Result<Vec<f32>> {
         let v = self.require(key)?;
-        let arr = v.as_array().ok_or_else(|| self.wrong(key, v, "float array"))?;
+        let arr = v
+            .as_array()
+            .ok_or_else(|| self.wrong(key, v, "float array"))?;
         arr.iter()
             .map(|x| {
                 x.as_f64()
@@ -493,15 +560,22 @@ impl Gguf {
 
     pub fn get_i64_array(&self, key: &str) -> Result<Vec<i64>> {
         let v = self.require(key)?;
-        let arr = v.as_array().ok_or_else(|| self.wrong(key, v, "integer array"))?;
+        let arr = v
+            .as_array()
+            .ok_or_else(|| self.wrong(key, v, "integer array"))?;
         arr.iter()
-            .map(|x| x.as_i64().ok_or_else(|| self.wrong(key, v, "integer array")))
+            .map(|x| {
+                x.as_i64()
+                    .ok_or_else(|| self.wrong(key, v, "integer array"))
+            })
             .collect()
     }
 
     pub fn get_bool_array(&self, key: &str) -> Result<Vec<bool>> {
         let v = self.require(key)?;
-        let arr = v.as_array().ok_or_else(|| self.wrong(key, v, "bool array"))?;
+        let arr = v
+            .as_array()
+            .ok_or_else(|| self.wrong(key, v, "bool array"))?;
         arr.iter()
             .map(|x| x.as_bool().ok_or_else(|| self.wrong(key, v, "bool array")))
             .collect()
@@ -532,5 +606,54 @@ impl Gguf {
     pub fn require_tensor(&self, name: &str) -> Result<TensorView<'_>> {
         self.tensor(name)
             .ok_or_else(|| GgufError::MissingTensor(name.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reservations_never_exceed_the_bytes_left() {
+        let value = std::mem::size_of::<Value>() as u64;
+        assert_eq!(bounded_capacity::<Value>(10, 1 << 20), 10);
+        assert_eq!(
+            bounded_capacity::<Value>(u64::MAX, 1000),
+            (1000 / value) as usize
+        );
+        assert_eq!(bounded_capacity::<Value>(u64::MAX, 0), 0);
+        assert_eq!(bounded_capacity::<()>(7, 3), 3);
+    }
+
+    /// A u8 array whose count matches the bytes left is legal, and parses
+    /// to exactly that many items.
+    #[test]
+    fn array_count_equal_to_the_bytes_left_parses() {
+        let mut b = Vec::new();
+        b.extend_from_slice(b"GGUF");
+        b.extend_from_slice(&3u32.to_le_bytes());
+        b.extend_from_slice(&0u64.to_le_bytes());
+        b.extend_from_slice(&1u64.to_le_bytes());
+        b.extend_from_slice(&1u64.to_le_bytes());
+        b.push(b'a');
+        b.extend_from_slice(&(ValueType::Array as u32).to_le_bytes());
+        b.extend_from_slice(&(ValueType::U8 as u32).to_le_bytes());
+        b.extend_from_slice(&1000u64.to_le_bytes());
+        b.extend(std::iter::repeat_n(7u8, 1000));
+        let g = Gguf::from_bytes(b.clone()).unwrap();
+        assert_eq!(g.get_array("a").unwrap().len(), 1000);
+        b.pop();
+        let e = Gguf::from_bytes(b).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                GgufError::CountTooLarge {
+                    count: 1000,
+                    offset: 41,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
     }
 }
