@@ -45,17 +45,26 @@ pub fn real_model() -> PathBuf {
 
 /// A file under `shared/fixtures/`.
 pub fn fixture(rel: &str) -> PathBuf {
-    must_exist(shared_dir().join("fixtures").join(rel), "shared/ must sit beside the checkout")
+    must_exist(
+        shared_dir().join("fixtures").join(rel),
+        "shared/ must sit beside the checkout",
+    )
 }
 
 /// A file under `shared/refdata/`.
 pub fn refdata(rel: &str) -> PathBuf {
-    must_exist(shared_dir().join("refdata").join(rel), "shared/ must sit beside the checkout")
+    must_exist(
+        shared_dir().join("refdata").join(rel),
+        "shared/ must sit beside the checkout",
+    )
 }
 
 /// A llama.cpp tokenizer test file (`ggml-vocab-*.gguf[.inp|.out]`).
 pub fn llama_vocab(name: &str) -> PathBuf {
-    must_exist(cache_dir().join("llama-vocab").join(name), "run scripts/fetch-test-data")
+    must_exist(
+        cache_dir().join("llama-vocab").join(name),
+        "run scripts/fetch-test-data",
+    )
 }
 
 /// The fixture model folders (`gemma2-tiny`, …), sorted.
