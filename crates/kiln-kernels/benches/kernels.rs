@@ -1,0 +1,279 @@
+//! `cargo bench -p kiln-kernels [-- FILTER]`: GEMV GB/s (weight bytes
+//! streamed), GEMM GFLOP/s, and pool vs rayon fork/join, per ISA, each
+//! single-threaded unless stated. Times are the best batch of several (the
+//! machine is shared), and the scalar path runs in the same process as the
+//! baseline, so compare the ratios.
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use kiln_kernels::{argmax_rows, gemm, gemv, pool::Pool, Isa};
+use kiln_quant::GgmlType;
+
+/// Best seconds per call over batches of about 40 ms, within `budget`.
+fn time(budget: Duration, mut f: impl FnMut()) -> f64 {
+    f();
+    let t = Instant::now();
+    f();
+    let one = t.elapsed().as_secs_f64().max(1e-9);
+    let per_batch = ((0.04 / one) as usize).max(1);
+    let start = Instant::now();
+    let mut best = f64::INFINITY;
+    let mut batches = 0;
+    while batches < 3 || start.elapsed() < budget {
+        let t = Instant::now();
+        for _ in 0..per_batch {
+            f();
+        }
+        best = best.min(t.elapsed().as_secs_f64() / per_batch as f64);
+        batches += 1;
+        if batches >= 40 {
+            break;
+        }
+    }
+    best
+}
+
+struct Rng(u64);
+impl Rng {
+    fn f(&mut self) -> f32 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+}
+
+fn weights(ty: GgmlType, rows: usize, k: usize) -> Vec<u8> {
+    let mut rng = Rng(0x1234_5678_9abc_def1);
+    let packed = k / ty.block_elems() * ty.block_bytes();
+    let mut w = vec![0u8; rows * packed];
+    let mut v = vec![0.0f32; k];
+    for row in w.chunks_mut(packed) {
+        v.iter_mut().for_each(|x| *x = rng.f());
+        kiln_quant::quantize(ty, &v, row).unwrap();
+    }
+    w
+}
+
+fn acts(len: usize) -> Vec<f32> {
+    let mut rng = Rng(99);
+    (0..len).map(|_| rng.f()).collect()
+}
+
+fn isas() -> Vec<Isa> {
+    // Avx512Vnni runs the Avx512 f32 kernels; benchmark it once.
+    Isa::available().filter(|&i| i != Isa::Avx512Vnni).collect()
+}
+
+fn bench_gemv(name: &str, ty: GgmlType, rows: usize, k: usize) {
+    let w = weights(ty, rows, k);
+    let x = acts(k);
+    let mut y = vec![0.0f32; rows];
+    let packed = w.len() / rows;
+    let mut base = 0.0;
+    for isa in isas() {
+        let budget = Duration::from_millis(if isa == Isa::Scalar { 300 } else { 600 });
+        let s = time(budget, || {
+            gemv(isa, ty, &w, packed, k, black_box(&x), &mut y).unwrap();
+        });
+        let gbs = w.len() as f64 / s / 1e9;
+        if isa == Isa::Scalar {
+            base = s;
+        }
+        println!(
+            "gemv {name:<22} {ty:<5} {rows:>6}x{k:<5} {isa:<7} {:>9.1} us {gbs:>6.2} GB/s  x{:.1} vs scalar",
+            s * 1e6,
+            base / s
+        );
+    }
+}
+
+fn bench_argmax(rows: usize, k: usize) {
+    let ty = GgmlType::Q8_0;
+    let w = weights(ty, rows, k);
+    let x = acts(k);
+    let packed = w.len() / rows;
+    let mut y = vec![0.0f32; rows];
+    for isa in isas().into_iter().filter(|&i| i != Isa::Scalar) {
+        let budget = Duration::from_millis(600);
+        let a = time(budget, || {
+            black_box(argmax_rows(isa, ty, &w, packed, k, black_box(&x), 0).unwrap());
+        });
+        let g = time(budget, || {
+            gemv(isa, ty, &w, packed, k, black_box(&x), &mut y).unwrap();
+        });
+        println!(
+            "argmax lm_head Q8_0 {rows}x{k} {isa:<7} {:>8.1} us ({:.2} GB/s), gemv {:.1} us",
+            a * 1e6,
+            w.len() as f64 / a / 1e9,
+            g * 1e6
+        );
+    }
+}
+
+fn bench_gemm(name: &str, ty: GgmlType, rows: usize, k: usize, n: usize) {
+    let w = weights(ty, rows, k);
+    let x = acts(n * k);
+    let mut y = vec![0.0f32; n * rows];
+    let packed = w.len() / rows;
+    let flops = 2.0 * (rows * k * n) as f64;
+    let mut base = 0.0;
+    for isa in isas() {
+        let budget = Duration::from_millis(if isa == Isa::Scalar { 300 } else { 600 });
+        let s = time(budget, || {
+            gemm(isa, ty, &w, packed, k, black_box(&x), n, &mut y, rows).unwrap();
+        });
+        if isa == Isa::Scalar {
+            base = s;
+        }
+        // The same work as n GEMVs, for the prefill-vs-decode comparison.
+        let mut yv = vec![0.0f32; rows];
+        let sv = time(Duration::from_millis(300), || {
+            for t in 0..n {
+                gemv(isa, ty, &w, packed, k, black_box(&x[t * k..][..k]), &mut yv).unwrap();
+            }
+        });
+        println!(
+            "gemm {name:<22} {ty:<5} {rows:>5}x{k:<5} n={n:<3} {isa:<7} {:>8.1} us {:>7.1} GFLOP/s  x{:.1} vs scalar, x{:.1} vs {n} gemvs",
+            s * 1e6,
+            flops / s / 1e9,
+            base / s,
+            sv / s
+        );
+    }
+}
+
+/// Per-token fork/join: 2-way split of a layer-sized GEMV, and the bare
+/// cost of a fork/join with empty tasks.
+fn bench_pool() {
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let pool = Pool::new(threads);
+    let rp = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap();
+    let budget = Duration::from_millis(800);
+
+    let empty_pool = time(budget, || {
+        pool.run(threads, |i| {
+            black_box(i);
+        })
+    });
+    let empty_rayon = time(budget, || {
+        rp.scope(|s| {
+            for i in 0..threads {
+                s.spawn(move |_| {
+                    black_box(i);
+                });
+            }
+        })
+    });
+    let empty_join = time(budget, || {
+        rp.install(|| rayon::join(|| black_box(0), || black_box(1)));
+    });
+    println!(
+        "fork/join {threads} threads, empty tasks: pool {:.2} us, rayon scope {:.2} us, rayon join {:.2} us",
+        empty_pool * 1e6,
+        empty_rayon * 1e6,
+        empty_join * 1e6
+    );
+
+    let isa = Isa::detect();
+    for (ty, rows, k) in [(GgmlType::Q5_0, 2048, 640), (GgmlType::Q8_0, 1024, 640)] {
+        let w = weights(ty, rows, k);
+        let packed = w.len() / rows;
+        let x = acts(k);
+        let mut y = vec![0.0f32; rows];
+        let chunk = rows.div_ceil(threads);
+        let one = time(budget, || {
+            gemv(isa, ty, &w, packed, k, &x, &mut y).unwrap();
+        });
+        // Rows are split into disjoint output chunks; the pool hands each
+        // task a raw index, so outputs go through per-task slices.
+        let outs: Vec<std::sync::Mutex<&mut [f32]>> =
+            y.chunks_mut(chunk).map(std::sync::Mutex::new).collect();
+        let p = time(budget, || {
+            pool.run(outs.len(), |i| {
+                let mut o = outs[i].lock().unwrap();
+                let r0 = i * chunk;
+                gemv(
+                    isa,
+                    ty,
+                    &w[r0 * packed..][..o.len() * packed],
+                    packed,
+                    k,
+                    &x,
+                    &mut o,
+                )
+                .unwrap();
+            })
+        });
+        drop(outs);
+        let r = time(budget, || {
+            rp.scope(|s| {
+                for (i, o) in y.chunks_mut(chunk).enumerate() {
+                    let (w, x) = (&w, &x);
+                    s.spawn(move |_| {
+                        let r0 = i * chunk;
+                        gemv(
+                            isa,
+                            ty,
+                            &w[r0 * packed..][..o.len() * packed],
+                            packed,
+                            k,
+                            x,
+                            o,
+                        )
+                        .unwrap();
+                    });
+                }
+            })
+        });
+        println!(
+            "split gemv {ty} {rows}x{k} ({isa}): 1 thread {:.1} us, pool {:.1} us, rayon {:.1} us; x360 per token: pool {:.2} ms, rayon {:.2} ms",
+            one * 1e6,
+            p * 1e6,
+            r * 1e6,
+            p * 360.0 * 1e3,
+            r * 360.0 * 1e3
+        );
+    }
+}
+
+fn main() {
+    let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    let on = |name: &str| filter.as_deref().is_none_or(|f| name.contains(f));
+    println!(
+        "cpu max {}, KILN_ISA/detect {}",
+        Isa::cpu_max(),
+        Isa::detect()
+    );
+    if on("gemv") {
+        bench_gemv("lm_head/token_embd", GgmlType::Q8_0, 262144, 640);
+        bench_gemv("ffn_gate/up", GgmlType::Q5_0, 2048, 640);
+        bench_gemv("attn_v", GgmlType::Q8_0, 256, 640);
+        bench_gemv("attn_output", GgmlType::Q4K, 640, 1024);
+        bench_gemv("ffn_down", GgmlType::Q6K, 640, 2048);
+        bench_gemv("ffn_down", GgmlType::Q4K, 640, 2048);
+        bench_gemv("q4_0", GgmlType::Q4_0, 2048, 640);
+        bench_gemv("q5_k", GgmlType::Q5K, 640, 2048);
+        bench_gemv("f16", GgmlType::F16, 2048, 640);
+        bench_gemv("bf16", GgmlType::BF16, 2048, 640);
+        bench_gemv("f32", GgmlType::F32, 2048, 640);
+    }
+    if on("argmax") {
+        bench_argmax(262144, 640);
+    }
+    if on("gemm") {
+        bench_gemm("ffn_gate/up", GgmlType::Q5_0, 2048, 640, 64);
+        bench_gemm("ffn_down", GgmlType::Q6K, 640, 2048, 64);
+        bench_gemm("attn_output", GgmlType::Q4K, 640, 1024, 64);
+        bench_gemm("attn_v", GgmlType::Q8_0, 256, 640, 64);
+        bench_gemm("f32", GgmlType::F32, 2048, 640, 64);
+        bench_gemm("ffn_gate/up n=8", GgmlType::Q5_0, 2048, 640, 8);
+    }
+    if on("pool") {
+        bench_pool();
+    }
+}

@@ -1,0 +1,344 @@
+//! Packed-weight kernels for GGUF tensors with runtime ISA dispatch.
+//!
+//! Three entry points, all over rows of packed weights `w` (row `r` starts
+//! at byte `r * row_bytes`, `k` elements of type `ty`) and f32 activations:
+//!
+//! * [`gemv`]: `y[r] = dot(W[r], x)` — the decode (one token) kernel.
+//! * [`gemm`]: `Y[t][r] = dot(W[r], X[t])` for `n` tokens — the prefill
+//!   kernel: a tile of weight rows is dequantized once into an f32 stack
+//!   scratch and reused across tokens by a register-blocked micro-kernel.
+//! * [`argmax_rows`]: the greedy LM head without writing logits.
+//!
+//! Accuracy: weights are dequantized inside the kernel and multiplied
+//! against the f32 activations with f32 FMA; activations are never
+//! quantized. Results match `kiln_quant::dequantize` + an exact dot to
+//! about 1e-6 of `sum |w_i x_i|` (the summation order differs).
+//!
+//! Fast paths (AVX2+FMA+F16C and AVX-512): Q4_0, Q5_0, Q8_0, Q4_K, Q5_K,
+//! Q6_K, F16, BF16, F32 (plain types when `k % 32 == 0`). Every other type
+//! `kiln_quant` can dequantize goes through the scalar reference in
+//! [`gemv`] / [`argmax_rows`]; [`gemm`] dequantizes those rows with the
+//! scalar reference and still uses the SIMD micro-kernel.
+//! [`Isa::Avx512Vnni`] runs the AVX-512 f32 kernels: VNNI only helps int8
+//! activations, which the default path does not use.
+//!
+//! Softcapping is left to the caller: `cap * tanh(z / cap)` is monotonic,
+//! so [`argmax_rows`] is unaffected by it, and the full-logit path applies
+//! it once per logit, which costs nothing next to the dot products.
+//!
+//! Threading is the caller's: split rows across threads by passing
+//! sub-slices of `w` (and of `y` for [`gemv`]); for [`gemm`] split tokens
+//! (each thread gets whole rows of `X` and `Y`). [`pool`] is a small
+//! fork/join pool for the per-token GEMVs.
+
+use std::sync::OnceLock;
+
+use kiln_quant::GgmlType;
+
+pub mod pool;
+mod scalar;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+/// Instruction-set level of the kernels. Ordered: each level needs the
+/// features of the ones below it, so `min` clamps a request to the CPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Isa {
+    /// Portable Rust: the reference path.
+    Scalar,
+    /// AVX2 + FMA + F16C.
+    Avx2,
+    /// AVX-512 F + BW + VL (plus the AVX2 set).
+    Avx512,
+    /// [`Isa::Avx512`] + AVX-512 VNNI.
+    Avx512Vnni,
+}
+
+impl Isa {
+    pub const ALL: [Isa; 4] = [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Avx512Vnni];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512",
+            Isa::Avx512Vnni => "avx512vnni",
+        }
+    }
+
+    /// Parses the names [`Isa::name`] gives (as `KILN_ISA` takes them).
+    pub fn from_name(s: &str) -> Option<Isa> {
+        Isa::ALL
+            .into_iter()
+            .find(|i| i.name().eq_ignore_ascii_case(s.trim()))
+    }
+
+    /// The best level this CPU runs (probed once).
+    pub fn cpu_max() -> Isa {
+        static MAX: OnceLock<Isa> = OnceLock::new();
+        *MAX.get_or_init(probe)
+    }
+
+    /// The level to use: [`Isa::cpu_max`], lowered by the environment
+    /// variable `KILN_ISA=scalar|avx2|avx512|avx512vnni` when set (read
+    /// once; a level above the CPU's is clamped, an unknown name ignored).
+    pub fn detect() -> Isa {
+        static CHOSEN: OnceLock<Isa> = OnceLock::new();
+        *CHOSEN.get_or_init(|| {
+            let max = Isa::cpu_max();
+            std::env::var("KILN_ISA")
+                .ok()
+                .and_then(|v| Isa::from_name(&v))
+                .map_or(max, |want| want.min(max))
+        })
+    }
+
+    /// `Some(isa)` when this CPU can run `isa` (for tests and benchmarks
+    /// that exercise every level), else `None`.
+    pub fn force(isa: Isa) -> Option<Isa> {
+        (isa <= Isa::cpu_max()).then_some(isa)
+    }
+
+    /// Every level this CPU runs, lowest first.
+    pub fn available() -> impl Iterator<Item = Isa> {
+        Isa::ALL.into_iter().filter(|&i| i <= Isa::cpu_max())
+    }
+}
+
+impl std::fmt::Display for Isa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn probe() -> Isa {
+    use std::arch::is_x86_feature_detected as has;
+    let avx2 = has!("avx2") && has!("fma") && has!("f16c");
+    let avx512 = avx2 && has!("avx512f") && has!("avx512bw") && has!("avx512vl");
+    match (avx2, avx512, has!("avx512vnni")) {
+        (_, true, true) => Isa::Avx512Vnni,
+        (_, true, false) => Isa::Avx512,
+        (true, ..) => Isa::Avx2,
+        _ => Isa::Scalar,
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn probe() -> Isa {
+    Isa::Scalar
+}
+
+/// Whether the SIMD levels have a dedicated kernel for `ty` (all other
+/// supported types run the scalar reference in [`gemv`]).
+pub fn has_fast_path(ty: GgmlType) -> bool {
+    use GgmlType as T;
+    matches!(
+        ty,
+        T::Q4_0 | T::Q5_0 | T::Q8_0 | T::Q4K | T::Q5K | T::Q6K | T::F16 | T::BF16 | T::F32
+    )
+}
+
+/// Whether the kernels accept `ty` at all (what `kiln_quant` dequantizes).
+pub fn is_supported(ty: GgmlType) -> bool {
+    kiln_quant::is_supported(ty)
+}
+
+/// Why a kernel call was refused. Checked once per call, before any work.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KernelError {
+    /// `kiln_quant` cannot dequantize the type.
+    Unsupported(GgmlType),
+    /// `k` is not a whole number of blocks of the type.
+    PartialBlock { ty: GgmlType, k: usize },
+    /// A buffer is too short or a stride too small for the shape.
+    Shape(String),
+}
+
+impl std::fmt::Display for KernelError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Unsupported(ty) => write!(f, "no kernel for {ty}"),
+            Self::PartialBlock { ty, k } => {
+                write!(f, "k = {k} is not a whole number of {ty} blocks")
+            }
+            Self::Shape(msg) => f.write_str(msg),
+        }
+    }
+}
+
+impl std::error::Error for KernelError {}
+
+/// Checks type and row layout; returns the packed bytes of one row.
+fn check_rows(
+    ty: GgmlType,
+    w: &[u8],
+    row_bytes: usize,
+    k: usize,
+    rows: usize,
+) -> Result<usize, KernelError> {
+    if !is_supported(ty) {
+        return Err(KernelError::Unsupported(ty));
+    }
+    if !k.is_multiple_of(ty.block_elems()) {
+        return Err(KernelError::PartialBlock { ty, k });
+    }
+    let packed = k / ty.block_elems() * ty.block_bytes();
+    if row_bytes < packed {
+        return Err(KernelError::Shape(format!(
+            "row_bytes {row_bytes} < {packed} bytes of {k} {ty} elements"
+        )));
+    }
+    let need = rows.checked_sub(1).map_or(0, |r| r * row_bytes + packed);
+    if w.len() < need {
+        return Err(KernelError::Shape(format!(
+            "{rows} rows of {row_bytes} bytes need {need} weight bytes, got {}",
+            w.len()
+        )));
+    }
+    Ok(packed)
+}
+
+/// Whole rows held by `w`: the last row needs only its packed bytes.
+fn rows_in(w: &[u8], row_bytes: usize, packed: usize) -> usize {
+    if w.len() < packed || row_bytes == 0 {
+        0
+    } else {
+        (w.len() - packed) / row_bytes + 1
+    }
+}
+
+fn check_x(x: &[f32], want: usize) -> Result<(), KernelError> {
+    if x.len() == want {
+        Ok(())
+    } else {
+        Err(KernelError::Shape(format!(
+            "activations hold {} values, expected {want}",
+            x.len()
+        )))
+    }
+}
+
+/// `y[r] = dot(W[r], x)` for the `y.len()` rows starting at `w[0]`.
+pub fn gemv(
+    isa: Isa,
+    ty: GgmlType,
+    w: &[u8],
+    row_bytes: usize,
+    k: usize,
+    x: &[f32],
+    y: &mut [f32],
+) -> Result<(), KernelError> {
+    let packed = check_rows(ty, w, row_bytes, k, y.len())?;
+    check_x(x, k)?;
+    gemv_checked(isa.min(Isa::cpu_max()), ty, w, row_bytes, packed, k, x, y);
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn gemv_checked(
+    isa: Isa,
+    ty: GgmlType,
+    w: &[u8],
+    row_bytes: usize,
+    packed: usize,
+    k: usize,
+    x: &[f32],
+    y: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if x86::gemv(isa, ty, w, row_bytes, k, x, y) {
+        return;
+    }
+    let _ = (isa, k);
+    scalar::gemv(ty, w, row_bytes, packed, x, y);
+}
+
+/// `Y[t][r] = dot(W[r], X[t])` for tokens `t < n` and every row `r` held by
+/// `w` (the last row needs only its packed bytes). `x` is `n × k`
+/// row-major; `Y[t][r]` is written to `y[t * ldy + r]`, `ldy >= rows`.
+/// Allocation-free: the weight tile lives on the stack (about 32 KiB).
+#[allow(clippy::too_many_arguments)]
+pub fn gemm(
+    isa: Isa,
+    ty: GgmlType,
+    w: &[u8],
+    row_bytes: usize,
+    k: usize,
+    x: &[f32],
+    n: usize,
+    y: &mut [f32],
+    ldy: usize,
+) -> Result<(), KernelError> {
+    let packed = check_rows(ty, w, row_bytes, k, 0)?;
+    let rows = rows_in(w, row_bytes, packed);
+    check_x(x, n * k)?;
+    if ldy < rows || (n > 0 && y.len() < (n - 1) * ldy + rows) {
+        return Err(KernelError::Shape(format!(
+            "output of {} values with ldy {ldy} cannot hold {n} × {rows}",
+            y.len()
+        )));
+    }
+    if n == 0 || rows == 0 {
+        return Ok(());
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        let isa = isa.min(Isa::cpu_max());
+        if x86::gemm(isa, ty, w, row_bytes, rows, k, x, n, y, ldy) {
+            return Ok(());
+        }
+    }
+    let _ = isa;
+    scalar::gemm(ty, w, row_bytes, rows, k, x, n, y, ldy);
+    Ok(())
+}
+
+/// Index (offset by `start_id`) and value of the largest `dot(W[r], x)`
+/// over the rows held by `w`; ties go to the lowest index and NaN dots
+/// never win (all-NaN rows give `(start_id, -inf)`). To merge the results
+/// of threads that split the rows, take the largest value, then the
+/// lowest index.
+pub fn argmax_rows(
+    isa: Isa,
+    ty: GgmlType,
+    w: &[u8],
+    row_bytes: usize,
+    k: usize,
+    x: &[f32],
+    start_id: usize,
+) -> Result<(usize, f32), KernelError> {
+    let packed = check_rows(ty, w, row_bytes, k, 0)?;
+    check_x(x, k)?;
+    let rows = rows_in(w, row_bytes, packed);
+    if rows == 0 {
+        return Err(KernelError::Shape("argmax over zero rows".into()));
+    }
+    let isa = isa.min(Isa::cpu_max());
+    // Dots for a chunk of rows land in a stack buffer, then get scanned.
+    const CHUNK: usize = 64;
+    let mut buf = [0.0f32; CHUNK];
+    let mut best = (start_id, f32::NEG_INFINITY);
+    for r0 in (0..rows).step_by(CHUNK) {
+        let m = CHUNK.min(rows - r0);
+        let end = (r0 + m - 1) * row_bytes + packed;
+        let ys = &mut buf[..m];
+        gemv_checked(
+            isa,
+            ty,
+            &w[r0 * row_bytes..end],
+            row_bytes,
+            packed,
+            k,
+            x,
+            ys,
+        );
+        for (i, &v) in ys.iter().enumerate() {
+            if v > best.1 {
+                best = (start_id + r0 + i, v);
+            }
+        }
+    }
+    Ok(best)
+}

@@ -1,0 +1,634 @@
+//! ISA-generic kernels: block decoders, the GEMV row dot and the GEMM
+//! tile + micro-kernel. Everything here is `#[inline(always)]` so it is
+//! compiled inside the `#[target_feature]` entry points of `avx2` and
+//! `avx512`; the [`Simd`] token proves the features are present.
+
+use kiln_quant::block::scale_min_k4;
+use kiln_quant::GgmlType;
+
+/// The vector operations the kernels need, implemented per ISA. Holding a
+/// value of an implementing type proves the CPU supports that ISA.
+pub(super) trait Simd: Copy {
+    const LANES: usize;
+    type F: Copy;
+    type I: Copy;
+
+    fn zero(self) -> Self::F;
+    fn splat(self, v: f32) -> Self::F;
+    /// # Safety
+    /// `p` must be valid for `LANES` f32 reads.
+    unsafe fn load_ptr(self, p: *const f32) -> Self::F;
+    /// # Safety
+    /// `p` must be valid for `LANES` f32 writes.
+    unsafe fn store_ptr(self, p: *mut f32, v: Self::F);
+    /// `a * b + c`, one rounding.
+    fn fma(self, a: Self::F, b: Self::F, c: Self::F) -> Self::F;
+    fn add(self, a: Self::F, b: Self::F) -> Self::F;
+    fn mul(self, a: Self::F, b: Self::F) -> Self::F;
+    fn hsum(self, v: Self::F) -> f32;
+    /// `[hsum(v[0]), .., hsum(v[3])]`, sharing the shuffles.
+    fn hsum4(self, v: [Self::F; 4]) -> [f32; 4];
+
+    /// The first `LANES` bytes of `b`, zero-extended to i32 lanes.
+    fn u8s(self, b: &[u8]) -> Self::I;
+    /// The first `LANES` bytes of `b`, sign-extended.
+    fn i8s(self, b: &[u8]) -> Self::I;
+    /// `LANES` little-endian f16 / bf16 / f32 values from `b`.
+    fn f16s(self, b: &[u8]) -> Self::F;
+    fn bf16s(self, b: &[u8]) -> Self::F;
+    fn f32s(self, b: &[u8]) -> Self::F;
+    fn and(self, v: Self::I, m: i32) -> Self::I;
+    fn or(self, a: Self::I, b: Self::I) -> Self::I;
+    fn srl(self, v: Self::I, n: u32) -> Self::I;
+    fn sll(self, v: Self::I, n: u32) -> Self::I;
+    fn cvt(self, v: Self::I) -> Self::F;
+    /// Lane `j` of `v` or-ed with `val` where bit `j` of `bits` is set.
+    fn or_bits(self, v: Self::I, bits: u32, val: i32) -> Self::I;
+    /// Lane `j` of `v` or-ed with `val` where `t[j] & bit != 0`.
+    fn or_test(self, v: Self::I, t: Self::I, bit: i32, val: i32) -> Self::I;
+    /// One f16 to f32 (F16C).
+    fn f16(self, h: [u8; 2]) -> f32;
+    /// Hints that the cache line at `p` will be read soon. Never faults,
+    /// so any address is fine.
+    fn prefetch(self, p: *const u8);
+
+    #[inline(always)]
+    fn load(self, x: &[f32]) -> Self::F {
+        assert!(x.len() >= Self::LANES);
+        // SAFETY: just checked that `x` holds `LANES` values.
+        unsafe { self.load_ptr(x.as_ptr()) }
+    }
+
+    #[inline(always)]
+    fn store(self, out: &mut [f32], v: Self::F) {
+        assert!(out.len() >= Self::LANES);
+        // SAFETY: just checked that `out` holds `LANES` values.
+        unsafe { self.store_ptr(out.as_mut_ptr(), v) }
+    }
+}
+
+/// A packed block format with a SIMD decoder.
+pub(super) trait Block {
+    const BYTES: usize;
+    const ELEMS: usize;
+    /// Decodes the block in `b` (exactly `BYTES`): `sink.put(i, v)` gets
+    /// elements `i * LANES .. (i + 1) * LANES`, in any order.
+    fn decode<S: Simd>(s: S, b: &[u8], sink: &mut impl Sink<S>);
+}
+
+/// Consumer of decoded vectors. A trait with `#[inline(always)]` methods
+/// rather than a closure: a closure that failed to inline would be
+/// compiled without the entry point's target features.
+pub(super) trait Sink<S: Simd> {
+    fn put(&mut self, i: usize, v: S::F);
+}
+
+/// Accumulates `v * x[i * LANES..]` into four accumulators.
+struct DotSink<'a, S: Simd> {
+    s: S,
+    acc: [S::F; 4],
+    x: &'a [f32],
+}
+
+impl<S: Simd> Sink<S> for DotSink<'_, S> {
+    #[inline(always)]
+    fn put(&mut self, i: usize, v: S::F) {
+        let s = self.s;
+        self.acc[i % 4] = s.fma(v, s.load(&self.x[i * S::LANES..]), self.acc[i % 4]);
+    }
+}
+
+/// Stores `v` at `out[i * LANES..]`.
+struct StoreSink<'a, S: Simd> {
+    s: S,
+    out: &'a mut [f32],
+}
+
+impl<S: Simd> Sink<S> for StoreSink<'_, S> {
+    #[inline(always)]
+    fn put(&mut self, i: usize, v: S::F) {
+        self.s.store(&mut self.out[i * S::LANES..], v);
+    }
+}
+
+fn f16(b: &[u8]) -> [u8; 2] {
+    [b[0], b[1]]
+}
+
+pub(super) struct Q80;
+impl Block for Q80 {
+    const BYTES: usize = 34;
+    const ELEMS: usize = 32;
+    #[inline(always)]
+    fn decode<S: Simd>(s: S, b: &[u8], sink: &mut impl Sink<S>) {
+        let b: &[u8; 34] = b.try_into().expect("one block");
+        let d = s.splat(s.f16(f16(b)));
+        for i in 0..32 / S::LANES {
+            let q = s.cvt(s.i8s(&b[2 + i * S::LANES..]));
+            sink.put(i, s.mul(q, d));
+        }
+    }
+}
+
+pub(super) struct Q40;
+impl Block for Q40 {
+    const BYTES: usize = 18;
+    const ELEMS: usize = 32;
+    #[inline(always)]
+    fn decode<S: Simd>(s: S, b: &[u8], sink: &mut impl Sink<S>) {
+        let b: &[u8; 18] = b.try_into().expect("one block");
+        let d = s.f16(f16(b));
+        // d * (q - 8) as one FMA: -8d is exact, so this rounds once, like
+        // the reference's product.
+        let (dv, off) = (s.splat(d), s.splat(-8.0 * d));
+        let h = 16 / S::LANES;
+        for c in 0..h {
+            let q = s.u8s(&b[2 + c * S::LANES..]);
+            sink.put(c, s.fma(s.cvt(s.and(q, 0xF)), dv, off));
+            sink.put(h + c, s.fma(s.cvt(s.srl(q, 4)), dv, off));
+        }
+    }
+}
+
+pub(super) struct Q50;
+impl Block for Q50 {
+    const BYTES: usize = 22;
+    const ELEMS: usize = 32;
+    #[inline(always)]
+    fn decode<S: Simd>(s: S, b: &[u8], sink: &mut impl Sink<S>) {
+        let b: &[u8; 22] = b.try_into().expect("one block");
+        let d = s.f16(f16(b));
+        let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+        let (dv, off) = (s.splat(d), s.splat(-16.0 * d));
+        let h = 16 / S::LANES;
+        for c in 0..h {
+            let q = s.u8s(&b[6 + c * S::LANES..]);
+            let lo = s.or_bits(s.and(q, 0xF), qh >> (c * S::LANES), 16);
+            let hi = s.or_bits(s.srl(q, 4), qh >> (16 + c * S::LANES), 16);
+            sink.put(c, s.fma(s.cvt(lo), dv, off));
+            sink.put(h + c, s.fma(s.cvt(hi), dv, off));
+        }
+    }
+}
+
+pub(super) struct Q4K;
+impl Block for Q4K {
+    const BYTES: usize = 144;
+    const ELEMS: usize = 256;
+    #[inline(always)]
+    fn decode<S: Simd>(s: S, b: &[u8], sink: &mut impl Sink<S>) {
+        let b: &[u8; 144] = b.try_into().expect("one block");
+        let (d, dmin) = (s.f16(f16(b)), s.f16(f16(&b[2..])));
+        let scales: &[u8; 12] = b[4..16].try_into().expect("12 scale bytes");
+        let per = 32 / S::LANES;
+        // Groups 2j (low nibbles) and 2j+1 (high) share 32 bytes of qs.
+        for j in 0..4 {
+            let (sc0, m0) = scale_min_k4(2 * j, scales);
+            let (sc1, m1) = scale_min_k4(2 * j + 1, scales);
+            let (d0, n0) = (s.splat(d * sc0 as f32), s.splat(-(dmin * m0 as f32)));
+            let (d1, n1) = (s.splat(d * sc1 as f32), s.splat(-(dmin * m1 as f32)));
+            for c in 0..per {
+                let q = s.u8s(&b[16 + 32 * j + c * S::LANES..]);
+                sink.put(2 * j * per + c, s.fma(s.cvt(s.and(q, 0xF)), d0, n0));
+                sink.put((2 * j + 1) * per + c, s.fma(s.cvt(s.srl(q, 4)), d1, n1));
+            }
+        }
+    }
+}
+
+pub(super) struct Q5K;
+impl Block for Q5K {
+    const BYTES: usize = 176;
+    const ELEMS: usize = 256;
+    #[inline(always)]
+    fn decode<S: Simd>(s: S, b: &[u8], sink: &mut impl Sink<S>) {
+        let b: &[u8; 176] = b.try_into().expect("one block");
+        let (d, dmin) = (s.f16(f16(b)), s.f16(f16(&b[2..])));
+        let scales: &[u8; 12] = b[4..16].try_into().expect("12 scale bytes");
+        let per = 32 / S::LANES;
+        for j in 0..4 {
+            let (sc0, m0) = scale_min_k4(2 * j, scales);
+            let (sc1, m1) = scale_min_k4(2 * j + 1, scales);
+            let (d0, n0) = (s.splat(d * sc0 as f32), s.splat(-(dmin * m0 as f32)));
+            let (d1, n1) = (s.splat(d * sc1 as f32), s.splat(-(dmin * m1 as f32)));
+            for c in 0..per {
+                let q = s.u8s(&b[48 + 32 * j + c * S::LANES..]);
+                // Bit g of qh[l] is the fifth bit of element l of group g.
+                let h = s.u8s(&b[16 + c * S::LANES..]);
+                let lo = s.or_test(s.and(q, 0xF), h, 1 << (2 * j), 16);
+                let hi = s.or_test(s.srl(q, 4), h, 2 << (2 * j), 16);
+                sink.put(2 * j * per + c, s.fma(s.cvt(lo), d0, n0));
+                sink.put((2 * j + 1) * per + c, s.fma(s.cvt(hi), d1, n1));
+            }
+        }
+    }
+}
+
+pub(super) struct Q6K;
+impl Block for Q6K {
+    const BYTES: usize = 210;
+    const ELEMS: usize = 256;
+    #[inline(always)]
+    fn decode<S: Simd>(s: S, b: &[u8], sink: &mut impl Sink<S>) {
+        let b: &[u8; 210] = b.try_into().expect("one block");
+        let d = s.f16(f16(&b[208..]));
+        let per = 32 / S::LANES;
+        // Element 128 * half + 32 * kq + l: nibble kq / 2 of
+        // ql[64 * half + 32 * (kq % 2) + l], bits 2kq.. of qh[32 * half + l].
+        for half in 0..2 {
+            for kq in 0..4 {
+                for c in 0..per {
+                    let l = c * S::LANES;
+                    let ql = s.u8s(&b[64 * half + 32 * (kq % 2) + l..]);
+                    let lo = if kq < 2 { s.and(ql, 0xF) } else { s.srl(ql, 4) };
+                    let qh = s.u8s(&b[128 + 32 * half + l..]);
+                    let hi = s.sll(s.and(s.srl(qh, 2 * kq as u32), 3), 4);
+                    let g = 8 * half + 2 * kq + l / 16;
+                    // d * sc * (q - 32) as one FMA, as in Q4_0.
+                    let dl = d * b[192 + g] as i8 as f32;
+                    let w = s.fma(s.cvt(s.or(lo, hi)), s.splat(dl), s.splat(-32.0 * dl));
+                    sink.put((4 * half + kq) * per + c, w);
+                }
+            }
+        }
+    }
+}
+
+/// Plain types, decoded 32 elements at a time (used when `k % 32 == 0`).
+pub(super) struct F32x32;
+impl Block for F32x32 {
+    const BYTES: usize = 128;
+    const ELEMS: usize = 32;
+    #[inline(always)]
+    fn decode<S: Simd>(s: S, b: &[u8], sink: &mut impl Sink<S>) {
+        let b: &[u8; 128] = b.try_into().expect("one block");
+        for i in 0..32 / S::LANES {
+            sink.put(i, s.f32s(&b[4 * S::LANES * i..]));
+        }
+    }
+}
+
+pub(super) struct F16x32;
+impl Block for F16x32 {
+    const BYTES: usize = 64;
+    const ELEMS: usize = 32;
+    #[inline(always)]
+    fn decode<S: Simd>(s: S, b: &[u8], sink: &mut impl Sink<S>) {
+        let b: &[u8; 64] = b.try_into().expect("one block");
+        for i in 0..32 / S::LANES {
+            sink.put(i, s.f16s(&b[2 * S::LANES * i..]));
+        }
+    }
+}
+
+pub(super) struct Bf16x32;
+impl Block for Bf16x32 {
+    const BYTES: usize = 64;
+    const ELEMS: usize = 32;
+    #[inline(always)]
+    fn decode<S: Simd>(s: S, b: &[u8], sink: &mut impl Sink<S>) {
+        let b: &[u8; 64] = b.try_into().expect("one block");
+        for i in 0..32 / S::LANES {
+            sink.put(i, s.bf16s(&b[2 * S::LANES * i..]));
+        }
+    }
+}
+
+/// Whether a [`Block`] decoder covers `ty` at row length `k`.
+pub(super) fn has_kernel(ty: GgmlType, k: usize) -> bool {
+    crate::has_fast_path(ty) && (ty.block_elems() > 1 || k.is_multiple_of(32))
+}
+
+/// Runs `$body` with `$B` naming the decoder of `$ty`, else `$other`.
+macro_rules! by_type {
+    ($ty:expr, $B:ident => $body:expr, _ => $other:expr) => {
+        match $ty {
+            GgmlType::Q4_0 => {
+                type $B = Q40;
+                $body
+            }
+            GgmlType::Q5_0 => {
+                type $B = Q50;
+                $body
+            }
+            GgmlType::Q8_0 => {
+                type $B = Q80;
+                $body
+            }
+            GgmlType::Q4K => {
+                type $B = Q4K;
+                $body
+            }
+            GgmlType::Q5K => {
+                type $B = Q5K;
+                $body
+            }
+            GgmlType::Q6K => {
+                type $B = Q6K;
+                $body
+            }
+            GgmlType::F32 => {
+                type $B = F32x32;
+                $body
+            }
+            GgmlType::F16 => {
+                type $B = F16x32;
+                $body
+            }
+            GgmlType::BF16 => {
+                type $B = Bf16x32;
+                $body
+            }
+            _ => $other,
+        }
+    };
+}
+
+/// GEMV over `y.len()` rows; `false` when there is no decoder for `ty`.
+#[inline(always)]
+pub(super) fn gemv<S: Simd>(
+    s: S,
+    ty: GgmlType,
+    w: &[u8],
+    row_bytes: usize,
+    k: usize,
+    x: &[f32],
+    y: &mut [f32],
+) -> bool {
+    if !has_kernel(ty, k) {
+        return false;
+    }
+    by_type!(ty, B => gemv_rows::<S, B>(s, w, row_bytes, k, x, y), _ => return false);
+    true
+}
+
+#[inline(always)]
+fn gemv_rows<S: Simd, B: Block>(
+    s: S,
+    w: &[u8],
+    row_bytes: usize,
+    k: usize,
+    x: &[f32],
+    y: &mut [f32],
+) {
+    let packed = k / B::ELEMS * B::BYTES;
+    for (r, yr) in y.iter_mut().enumerate() {
+        *yr = dot_row::<S, B>(s, &w[r * row_bytes..][..packed], x);
+    }
+}
+
+/// Prefetch distance in bytes for the GEMV weight stream.
+const PREFETCH: usize = 768;
+
+/// One packed row against `x`. Two blocks per step into separate
+/// accumulators: enough independent FMA chains to hide FMA latency behind
+/// the decode.
+#[inline(always)]
+fn dot_row<S: Simd, B: Block>(s: S, row: &[u8], x: &[f32]) -> f32 {
+    let mut a = DotSink {
+        s,
+        acc: [s.zero(); 4],
+        x: &[],
+    };
+    let mut b = DotSink {
+        s,
+        acc: [s.zero(); 4],
+        x: &[],
+    };
+    let mut rows = row.chunks_exact(2 * B::BYTES);
+    let mut xs = x.chunks_exact(2 * B::ELEMS);
+    for (blk, xx) in (&mut rows).zip(&mut xs) {
+        // One core's demand misses alone do not saturate DRAM on long
+        // rows (the LM head); ask for the weights a few lines ahead.
+        for off in (0..2 * B::BYTES).step_by(64) {
+            s.prefetch(blk.as_ptr().wrapping_add(PREFETCH + off));
+        }
+        (a.x, b.x) = xx.split_at(B::ELEMS);
+        B::decode(s, &blk[..B::BYTES], &mut a);
+        B::decode(s, &blk[B::BYTES..], &mut b);
+    }
+    if !rows.remainder().is_empty() {
+        a.x = xs.remainder();
+        B::decode(s, rows.remainder(), &mut a);
+    }
+    let (a, b) = (a.acc, b.acc);
+    let a = s.add(s.add(a[0], a[1]), s.add(a[2], a[3]));
+    let b = s.add(s.add(b[0], b[1]), s.add(b[2], b[3]));
+    s.hsum(s.add(a, b))
+}
+
+/// Fills a weight tile row from packed blocks.
+trait Fill {
+    /// Block elements and bytes of the packed format.
+    fn block(&self) -> (usize, usize);
+    /// Decodes whole blocks `src` into `dst`.
+    fn fill(&self, src: &[u8], dst: &mut [f32]);
+}
+
+/// The SIMD decoder of `B`.
+struct Decoded<S, B>(S, core::marker::PhantomData<B>);
+
+impl<S: Simd, B: Block> Fill for Decoded<S, B> {
+    #[inline(always)]
+    fn block(&self) -> (usize, usize) {
+        (B::ELEMS, B::BYTES)
+    }
+    #[inline(always)]
+    fn fill(&self, src: &[u8], dst: &mut [f32]) {
+        let s = self.0;
+        for (b, out) in src
+            .chunks_exact(B::BYTES)
+            .zip(dst.chunks_exact_mut(B::ELEMS))
+        {
+            B::decode(s, b, &mut StoreSink { s, out });
+        }
+    }
+}
+
+/// `kiln_quant`'s scalar dequantizer, for types without a SIMD decoder.
+struct Reference(GgmlType);
+
+impl Fill for Reference {
+    fn block(&self) -> (usize, usize) {
+        (self.0.block_elems(), self.0.block_bytes())
+    }
+    fn fill(&self, src: &[u8], dst: &mut [f32]) {
+        kiln_quant::dequantize(self.0, src, dst).expect("lengths checked by the caller");
+    }
+}
+
+/// GEMM operand shapes (see `crate::gemm`).
+pub(super) struct GemmShape {
+    pub row_bytes: usize,
+    pub rows: usize,
+    pub k: usize,
+    pub n: usize,
+    pub ldy: usize,
+}
+
+/// Columns of a weight tile: a multiple of every block size; `MAX_MR`
+/// rows of it are 32 KiB, within L1 next to the activations.
+const KC: usize = 1024;
+const MAX_MR: usize = 8;
+
+/// GEMM with an `MR`-row × `NR`-token micro-kernel; `false` when `ty` has
+/// no dequantizer at all.
+#[inline(always)]
+pub(super) fn gemm<S: Simd, const MR: usize, const NR: usize>(
+    s: S,
+    ty: GgmlType,
+    w: &[u8],
+    x: &[f32],
+    y: &mut [f32],
+    sh: &GemmShape,
+) -> bool {
+    if has_kernel(ty, sh.k) {
+        by_type!(ty, B => gemm_tiles::<S, MR, NR>(
+            s, sh, w, x, y, &Decoded::<S, B>(s, core::marker::PhantomData),
+        ), _ => unreachable!("has_kernel"));
+        return true;
+    }
+    if !kiln_quant::is_supported(ty) {
+        return false;
+    }
+    gemm_tiles::<S, MR, NR>(s, sh, w, x, y, &Reference(ty));
+    true
+}
+
+/// Loops over tiles of `MR` rows × `KC` columns: each is dequantized once
+/// by `fill` into a stack scratch, then swept over all tokens `NR` at a
+/// time. Partial sums over column tiles accumulate in `y`.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn gemm_tiles<S: Simd, const MR: usize, const NR: usize>(
+    s: S,
+    sh: &GemmShape,
+    w: &[u8],
+    x: &[f32],
+    y: &mut [f32],
+    fill: &impl Fill,
+) {
+    const { assert!(MR <= MAX_MR && NR <= 8 && NR > 0) };
+    let GemmShape {
+        row_bytes,
+        rows,
+        k,
+        n,
+        ldy,
+    } = *sh;
+    let (elems, bytes) = fill.block();
+    let mut tile = [0.0f32; MAX_MR * KC];
+    for r0 in (0..rows).step_by(MR) {
+        let mr = MR.min(rows - r0);
+        for k0 in (0..k).step_by(KC) {
+            let kc = KC.min(k - k0);
+            let (b0, nb) = (k0 / elems * bytes, kc / elems * bytes);
+            for i in 0..MR {
+                let dst = &mut tile[i * KC..][..kc];
+                if i < mr {
+                    fill.fill(&w[(r0 + i) * row_bytes + b0..][..nb], dst);
+                } else {
+                    // Padding rows: computed, never stored.
+                    dst.fill(0.0);
+                }
+            }
+            let first = k0 == 0;
+            let mut t0 = 0;
+            while t0 < n {
+                let nt = NR.min(n - t0);
+                let xs = &x[t0 * k + k0..];
+                let ys = &mut y[t0 * ldy + r0..];
+                let m = MicroArgs {
+                    kc,
+                    ldx: k,
+                    ldy,
+                    mr,
+                    first,
+                };
+                match nt {
+                    1 => micro::<S, MR, 1>(s, &tile, xs, ys, &m),
+                    2 => micro::<S, MR, 2>(s, &tile, xs, ys, &m),
+                    3 => micro::<S, MR, 3>(s, &tile, xs, ys, &m),
+                    4 => micro::<S, MR, 4>(s, &tile, xs, ys, &m),
+                    5 => micro::<S, MR, 5>(s, &tile, xs, ys, &m),
+                    6 => micro::<S, MR, 6>(s, &tile, xs, ys, &m),
+                    7 => micro::<S, MR, 7>(s, &tile, xs, ys, &m),
+                    _ => micro::<S, MR, 8>(s, &tile, xs, ys, &m),
+                }
+                t0 += nt;
+            }
+        }
+    }
+}
+
+struct MicroArgs {
+    kc: usize,
+    ldx: usize,
+    ldy: usize,
+    /// Rows of the tile that are real (the rest are zero padding).
+    mr: usize,
+    /// Whether this is the first column tile (store, else accumulate).
+    first: bool,
+}
+
+/// `MR × NT` dots over `kc` columns, `MR * NT` vector accumulators.
+#[inline(always)]
+fn micro<S: Simd, const MR: usize, const NT: usize>(
+    s: S,
+    tile: &[f32],
+    x: &[f32],
+    y: &mut [f32],
+    m: &MicroArgs,
+) {
+    let MicroArgs {
+        kc,
+        ldx,
+        ldy,
+        mr,
+        first,
+    } = *m;
+    assert!(tile.len() >= (MR - 1) * KC + kc && kc <= KC);
+    assert!(x.len() >= (NT - 1) * ldx + kc);
+    assert!(y.len() >= (NT - 1) * ldy + mr && mr <= MR);
+    let main = kc / S::LANES * S::LANES;
+    let (tp, xp) = (tile.as_ptr(), x.as_ptr());
+    // acc[t][i]: token t, tile row i.
+    let mut acc = [[s.zero(); MR]; NT];
+    let mut kk = 0;
+    while kk < main {
+        // kk + LANES <= kc, and the asserts above keep row `i < MR` of the
+        // tile and token `t < NT` of `x` within bounds below column kc.
+        let mut wv = [s.zero(); MR];
+        for (i, v) in wv.iter_mut().enumerate() {
+            // SAFETY: as above.
+            *v = unsafe { s.load_ptr(tp.add(i * KC + kk)) };
+        }
+        for (t, at) in acc.iter_mut().enumerate() {
+            // SAFETY: as above.
+            let xv = unsafe { s.load_ptr(xp.add(t * ldx + kk)) };
+            for (a, &wi) in at.iter_mut().zip(&wv) {
+                *a = s.fma(wi, xv, *a);
+            }
+        }
+        kk += S::LANES;
+    }
+    for (t, at) in acc.iter().enumerate() {
+        let mut sums = [0.0f32; MR];
+        for (sum, a) in sums.chunks_mut(4).zip(at.chunks(4)) {
+            if let Ok(a4) = <[S::F; 4]>::try_from(a) {
+                sum.copy_from_slice(&s.hsum4(a4));
+            } else {
+                for (o, &v) in sum.iter_mut().zip(a) {
+                    *o = s.hsum(v);
+                }
+            }
+        }
+        let yt = &mut y[t * ldy..][..mr];
+        for (i, out) in yt.iter_mut().enumerate() {
+            // Column tail when k % LANES != 0 (plain types only).
+            let tail: f32 = (main..kc).map(|j| tile[i * KC + j] * x[t * ldx + j]).sum();
+            let v = sums[i] + tail;
+            *out = if first { v } else { *out + v };
+        }
+    }
+}

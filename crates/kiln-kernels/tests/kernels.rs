@@ -1,0 +1,256 @@
+//! Every kernel on every ISA this CPU runs, against the scalar reference:
+//! `kiln_quant::dequantize` then an f64 dot. Tolerance is relative to
+//! `sum |w_i x_i|`, the scale of the rounding error of any f32 summation.
+
+use kiln_kernels::{argmax_rows, gemm, gemv, Isa, KernelError};
+use kiln_quant::GgmlType;
+
+const TOL: f64 = 1e-5;
+
+/// xorshift64*: deterministic, dependency-free.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    /// Uniform in [-1, 1).
+    fn f(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+}
+
+/// Every type `kiln_quant` dequantizes.
+fn types() -> Vec<GgmlType> {
+    GgmlType::ALL
+        .into_iter()
+        .filter(|&t| kiln_quant::is_supported(t))
+        .collect()
+}
+
+fn ks(ty: GgmlType) -> impl Iterator<Item = usize> {
+    [32, 256, 640, 2048]
+        .into_iter()
+        .filter(move |k| k % ty.block_elems() == 0)
+}
+
+/// `rows` packed rows of `k` elements with `pad` spare bytes after each.
+fn random_rows(rng: &mut Rng, ty: GgmlType, rows: usize, k: usize, pad: usize) -> Vec<u8> {
+    let packed = k / ty.block_elems() * ty.block_bytes();
+    let mut w = vec![0u8; rows * (packed + pad)];
+    for row in w.chunks_mut(packed + pad) {
+        let row = &mut row[..packed];
+        if kiln_quant::can_quantize(ty) {
+            // Rows of different magnitude, values of either sign.
+            let scale = 0.1 + 2.0 * rng.f().abs();
+            let v: Vec<f32> = (0..k).map(|_| scale * rng.f()).collect();
+            kiln_quant::quantize(ty, &v, row).unwrap();
+        } else {
+            // No quantizer: random bytes with a sane f16 super-scale.
+            row.iter_mut().for_each(|b| *b = rng.next() as u8);
+            let d_at = match ty {
+                GgmlType::Q3K => 108,
+                GgmlType::IQ4NL | GgmlType::IQ4XS => 0,
+                other => panic!("no scale layout for {other}"),
+            };
+            for blk in row.chunks_mut(ty.block_bytes()) {
+                let d = half::f16::from_f32(0.001 + 0.01 * rng.f().abs());
+                blk[d_at..d_at + 2].copy_from_slice(&d.to_le_bytes());
+            }
+        }
+    }
+    w
+}
+
+fn random_x(rng: &mut Rng, len: usize) -> Vec<f32> {
+    (0..len).map(|_| 3.0 * rng.f()).collect()
+}
+
+/// Reference dot and `sum |terms|` of one packed row.
+fn reference(ty: GgmlType, row: &[u8], x: &[f32]) -> (f64, f64) {
+    let mut w = vec![0.0f32; x.len()];
+    kiln_quant::dequantize(ty, row, &mut w).unwrap();
+    let terms = w.iter().zip(x).map(|(&a, &b)| f64::from(a) * f64::from(b));
+    terms.fold((0.0, 0.0), |(s, a), t| (s + t, a + t.abs()))
+}
+
+fn assert_close(got: f32, (want, mag): (f64, f64), what: &str) {
+    let err = (f64::from(got) - want).abs();
+    assert!(
+        err <= TOL * mag + 1e-30,
+        "{what}: got {got}, want {want}, err {err:e}, sum|terms| {mag:e}"
+    );
+}
+
+#[test]
+fn gemv_matches_reference_on_every_isa() {
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    for isa in Isa::available() {
+        for ty in types() {
+            for k in ks(ty) {
+                for (rows, pad) in [(1, 0), (3, 0), (13, 0), (5, 7)] {
+                    let packed = k / ty.block_elems() * ty.block_bytes();
+                    let rb = packed + pad;
+                    let w = random_rows(&mut rng, ty, rows, k, pad);
+                    let x = random_x(&mut rng, k);
+                    let mut y = vec![f32::NAN; rows];
+                    gemv(isa, ty, &w, rb, k, &x, &mut y).unwrap();
+                    for (r, &got) in y.iter().enumerate() {
+                        let want = reference(ty, &w[r * rb..][..packed], &x);
+                        assert_close(got, want, &format!("{isa} {ty} k={k} row {r}/{rows}"));
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn gemm_matches_reference_on_every_isa() {
+    let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+    for isa in Isa::available() {
+        for ty in types() {
+            for k in ks(ty) {
+                for n in 1..=9 {
+                    // Odd row counts leave a partial row tile; k = 2048
+                    // spans two column tiles.
+                    let rows = [1, 5, 11][n % 3];
+                    let ldy = rows + 2;
+                    let packed = k / ty.block_elems() * ty.block_bytes();
+                    let w = random_rows(&mut rng, ty, rows, k, 0);
+                    let x = random_x(&mut rng, n * k);
+                    let mut y = vec![f32::NAN; n * ldy];
+                    gemm(isa, ty, &w, packed, k, &x, n, &mut y, ldy).unwrap();
+                    for t in 0..n {
+                        for r in 0..rows {
+                            let want = reference(ty, &w[r * packed..][..packed], &x[t * k..][..k]);
+                            let what = format!("{isa} {ty} k={k} n={n} token {t} row {r}");
+                            assert_close(y[t * ldy + r], want, &what);
+                        }
+                        // Columns past `rows` belong to someone else.
+                        assert!(y[t * ldy + rows..][..2].iter().all(|v| v.is_nan()));
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn argmax_picks_the_largest_dot_and_the_lowest_tied_index() {
+    let mut rng = Rng(7);
+    for isa in Isa::available() {
+        for ty in [GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q3K, GgmlType::F16] {
+            let k = 256;
+            let rows = 150; // several scan chunks
+            let packed = k / ty.block_elems() * ty.block_bytes();
+            let mut w = random_rows(&mut rng, ty, rows, k, 0);
+            // Rows 90 and 120 are copies of the row with the largest dot.
+            let x = random_x(&mut rng, k);
+            let dots: Vec<f64> = (0..rows)
+                .map(|r| reference(ty, &w[r * packed..][..packed], &x).0)
+                .collect();
+            let best = (0..rows)
+                .max_by(|&a, &b| dots[a].total_cmp(&dots[b]))
+                .unwrap();
+            let src = w[best * packed..][..packed].to_vec();
+            for r in [90, 120] {
+                w[r * packed..][..packed].copy_from_slice(&src);
+            }
+            let first = best.min(90);
+            let (id, v) = argmax_rows(isa, ty, &w, packed, k, &x, 1000).unwrap();
+            assert_eq!(id, 1000 + first, "{isa} {ty}");
+            let mut y = vec![0.0f32; 1];
+            gemv(isa, ty, &src, packed, k, &x, &mut y).unwrap();
+            assert_eq!(v, y[0], "{isa} {ty}: value is the kernel's own dot");
+        }
+    }
+}
+
+#[test]
+fn argmax_ignores_nan_rows() {
+    // F32 rows: row 0 holds a NaN, row 1 is the real maximum.
+    let k = 32;
+    let mut rows = vec![f32::NAN; k];
+    rows.extend(std::iter::repeat_n(1.0f32, k));
+    rows.extend(std::iter::repeat_n(-1.0f32, k));
+    let w: Vec<u8> = rows.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let x = vec![1.0f32; k];
+    for isa in Isa::available() {
+        let got = argmax_rows(isa, GgmlType::F32, &w, 4 * k, k, &x, 0).unwrap();
+        assert_eq!(got, (1, 32.0), "{isa}");
+    }
+}
+
+#[test]
+fn plain_types_with_odd_k_fall_back_correctly() {
+    let mut rng = Rng(11);
+    for isa in Isa::available() {
+        for ty in [GgmlType::F32, GgmlType::F16, GgmlType::BF16] {
+            for k in [1, 7, 45] {
+                let rows = 3;
+                let packed = k * ty.block_bytes();
+                let w = random_rows(&mut rng, ty, rows, k, 0);
+                let x = random_x(&mut rng, 2 * k);
+                let mut y = vec![0.0f32; 2 * rows];
+                gemm(isa, ty, &w, packed, k, &x, 2, &mut y, rows).unwrap();
+                let mut yv = vec![0.0f32; rows];
+                gemv(isa, ty, &w, packed, k, &x[..k], &mut yv).unwrap();
+                for r in 0..rows {
+                    let row = &w[r * packed..][..packed];
+                    assert_close(yv[r], reference(ty, row, &x[..k]), "gemv");
+                    for t in 0..2 {
+                        let want = reference(ty, row, &x[t * k..][..k]);
+                        assert_close(y[t * rows + r], want, &format!("{isa} {ty} k={k}"));
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn bad_shapes_are_refused() {
+    let isa = Isa::detect();
+    let x = vec![0.0f32; 64];
+    let mut y = vec![0.0f32; 2];
+    let w = vec![0u8; 2 * 68];
+    assert_eq!(
+        gemv(isa, GgmlType::IQ2XXS, &w, 66, 256, &x, &mut y),
+        Err(KernelError::Unsupported(GgmlType::IQ2XXS))
+    );
+    assert!(matches!(
+        gemv(isa, GgmlType::Q8_0, &w, 34, 48, &x[..48], &mut y),
+        Err(KernelError::PartialBlock { .. })
+    ));
+    // Stride below the packed size, too few bytes, wrong x length.
+    assert!(gemv(isa, GgmlType::Q8_0, &w, 60, 64, &x, &mut y).is_err());
+    assert!(gemv(isa, GgmlType::Q8_0, &w[..135], 68, 64, &x, &mut y).is_err());
+    assert!(gemv(isa, GgmlType::Q8_0, &w, 68, 64, &x[..32], &mut y).is_err());
+    // ldy smaller than the row count; output too short.
+    assert!(gemm(isa, GgmlType::Q8_0, &w, 68, 64, &x, 1, &mut y, 1).is_err());
+    assert!(gemm(isa, GgmlType::Q8_0, &w, 68, 64, &x[..0], 0, &mut y, 2).is_ok());
+    assert!(argmax_rows(isa, GgmlType::Q8_0, &[], 68, 64, &x, 0).is_err());
+    assert!(gemv(isa, GgmlType::Q8_0, &w, 68, 64, &x, &mut y).is_ok());
+}
+
+#[test]
+fn isa_names_round_trip_and_levels_are_clamped() {
+    for isa in Isa::ALL {
+        assert_eq!(Isa::from_name(isa.name()), Some(isa));
+    }
+    assert_eq!(Isa::from_name(" AVX2 "), Some(Isa::Avx2));
+    assert_eq!(Isa::from_name("neon"), None);
+    assert!(Isa::detect() <= Isa::cpu_max());
+    assert_eq!(Isa::force(Isa::Scalar), Some(Isa::Scalar));
+    assert_eq!(
+        Isa::available().last(),
+        Some(Isa::cpu_max()),
+        "available() ends at the CPU's level"
+    );
+    for isa in Isa::ALL {
+        assert_eq!(Isa::force(isa).is_some(), isa <= Isa::cpu_max());
+    }
+}
