@@ -517,13 +517,16 @@ impl Backend for CpuBackend {
         let cols = w.cols;
         let data = w.data();
         let n_chunks = w.rows.div_ceil(DECODE_ROWS * 4);
-        let best = (0..n_chunks)
+        // Per chunk: the best finite logit and the first non-finite one (a
+        // NaN must be reported, not lost to `z > best` being false).
+        let (best, bad) = (0..n_chunks)
             .into_par_iter()
             .map(|ci| {
                 TILE.with(|t| {
                     let mut row = t.borrow_mut();
                     row.resize(cols, 0.0);
                     let mut best = (f32::NEG_INFINITY, u32::MAX);
+                    let mut bad: Option<(u32, f32)> = None;
                     let start = ci * DECODE_ROWS * 4;
                     for r in start..(start + DECODE_ROWS * 4).min(w.rows) {
                         dequant(
@@ -532,26 +535,41 @@ impl Backend for CpuBackend {
                             &mut row,
                         );
                         let z = dot(&row, &h[..cols]);
-                        if z > best.0 {
+                        if !z.is_finite() {
+                            bad = bad.or(Some((r as u32, z)));
+                        } else if z > best.0 {
                             best = (z, r as u32);
                         }
                     }
-                    best
+                    (best, bad)
                 })
             })
             .reduce(
-                || (f32::NEG_INFINITY, u32::MAX),
-                |a, b| {
-                    if b.0 > a.0 || (b.0 == a.0 && b.1 < a.1) {
+                || ((f32::NEG_INFINITY, u32::MAX), None),
+                |(a, abad), (b, bbad)| {
+                    let best = if b.0 > a.0 || (b.0 == a.0 && b.1 < a.1) {
                         b
                     } else {
                         a
-                    }
+                    };
+                    let bad = match (abad, bbad) {
+                        (Some(x), Some(y)) => Some(if y.0 < x.0 { y } else { x }),
+                        (x, y) => x.or(y),
+                    };
+                    (best, bad)
                 },
             );
+        if let Some((token, value)) = bad {
+            // The model fills in the position.
+            return Err(ModelError::NonFiniteLogit {
+                pos: 0,
+                token,
+                value,
+            });
+        }
         if best.1 == u32::MAX {
             return Err(ModelError::Backend(format!(
-                "argmax over {}: no finite logit",
+                "argmax over {}: no rows",
                 w.name
             )));
         }

@@ -18,6 +18,21 @@ pub enum ModelError {
     Invalid(String),
     #[error("backend: {0}")]
     Backend(String),
+    /// A logit is NaN or infinite: a kernel bug or an overflow. `pos` is the
+    /// sequence position whose logits hold it.
+    #[error("{} in logits at position {pos} (token {token})", nonfinite_name(*.value))]
+    NonFiniteLogit { pos: usize, token: u32, value: f32 },
 }
 
 pub type Result<T, E = ModelError> = std::result::Result<T, E>;
+
+/// "NaN", "inf" or "-inf", for error messages.
+pub fn nonfinite_name(v: f32) -> &'static str {
+    if v.is_nan() {
+        "NaN"
+    } else if v > 0.0 {
+        "inf"
+    } else {
+        "-inf"
+    }
+}

@@ -64,6 +64,38 @@ impl<B: Backend> KvCache<B> {
         self.len = 0;
     }
 
+    /// Rewinds to the first `len` positions, so the next forward call
+    /// continues at position `len` (prefix reuse). Global layers always can;
+    /// a sliding ring of `r` rows keeps position `p` in row `p % r`, which
+    /// position `p + r` overwrote. The next query (at `len`) needs keys back
+    /// to `len + 1 - r`; if the oldest of those was overwritten the rewind
+    /// is refused and the cache is left unchanged (recompute instead).
+    pub fn truncate(&mut self, len: usize) -> Result<()> {
+        if len > self.len {
+            return Err(ModelError::Invalid(format!(
+                "cannot truncate a KV cache of {} positions to {len}",
+                self.len
+            )));
+        }
+        if len > 0 {
+            for (il, l) in self.layers.iter().enumerate() {
+                let Some(l) = l.as_ref().filter(|l| l.ring) else {
+                    continue;
+                };
+                let oldest_needed = (len + 1).saturating_sub(l.rows);
+                if oldest_needed + l.rows < self.len {
+                    return Err(ModelError::Invalid(format!(
+                        "cannot rewind the KV cache from {} to {len} positions: layer {il}'s \
+                         {}-row window ring overwrote position {oldest_needed}",
+                        self.len, l.rows
+                    )));
+                }
+            }
+        }
+        self.len = len;
+        Ok(())
+    }
+
     /// Rows allocated for `layer` (0 for KV-shared layers).
     pub fn allocated_rows(&self, layer: usize) -> usize {
         self.layers

@@ -13,6 +13,6 @@ mod model;
 
 pub use backend::{AttnParams, Backend, PastKv};
 pub use config::{Arch, LayerConfig, ModelConfig, MoeConfig, RopeConfig};
-pub use error::{ModelError, Result};
+pub use error::{nonfinite_name, ModelError, Result};
 pub use kv::KvCache;
-pub use model::{Model, Output, Scratch};
+pub use model::{env_flag, Model, Output, Scratch, TapStats};

@@ -17,8 +17,14 @@ pub enum Output {
     LastLogits,
     /// Logits of every position, `[n_tok, n_vocab]`.
     AllLogits,
+    /// Logits of batch rows `start..n_tok`, `[n_tok - start, n_vocab]`:
+    /// scores part of a batch (perplexity, teacher forcing) without paying
+    /// the LM head for the rest.
+    LogitsFrom(usize),
     /// Post-final-norm hidden state of the last position, `[n_embd]`.
     LastHidden,
+    /// Post-final-norm hidden states of every position, `[n_tok, n_embd]`.
+    AllHidden,
     /// Only the greedy token of the last position (no logits materialised).
     Argmax,
 }
@@ -79,6 +85,52 @@ pub struct Model<B: Backend> {
     ple: Option<GlobalPle<B>>,
     layers: Vec<LayerWeights<B>>,
     gguf: Arc<Gguf>,
+    /// `KILN_DUMP_LAYER0`: print layer-0 stage statistics on every forward.
+    dump_layer0: bool,
+}
+
+/// Whether the debug switch `name` is set to something other than `0`/empty.
+pub fn env_flag(name: &str) -> bool {
+    std::env::var_os(name).is_some_and(|v| !v.is_empty() && v != "0")
+}
+
+/// Summary of one activation tensor, for debug taps: min/max/rms over the
+/// finite values and how many are NaN.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TapStats {
+    pub min: f32,
+    pub max: f32,
+    pub rms: f32,
+    pub nan: usize,
+}
+
+impl TapStats {
+    pub fn of(v: &[f32]) -> TapStats {
+        let (mut min, mut max, mut ss, mut n, mut nan) =
+            (f32::INFINITY, f32::NEG_INFINITY, 0.0f64, 0usize, 0);
+        for &x in v {
+            if x.is_nan() {
+                nan += 1;
+                continue;
+            }
+            min = min.min(x);
+            max = max.max(x);
+            if x.is_finite() {
+                ss += f64::from(x) * f64::from(x);
+                n += 1;
+            }
+        }
+        TapStats {
+            min,
+            max,
+            rms: if n == 0 {
+                0.0
+            } else {
+                (ss / n as f64).sqrt() as f32
+            },
+            nan,
+        }
+    }
 }
 
 /// Reads a small 1-D tensor (norm, scale) as f32 on the host.
@@ -289,6 +341,7 @@ impl<B: Backend> Model<B> {
             ple,
             layers,
             gguf,
+            dump_layer0: env_flag("KILN_DUMP_LAYER0"),
         })
     }
 
@@ -311,7 +364,13 @@ impl<B: Backend> Model<B> {
 
     /// Runs `tokens` at positions `cache.len()..`, appends their K/V to the
     /// cache and writes the requested output into `out` (resized; untouched
-    /// for [`Output::Argmax`], whose token is returned).
+    /// for [`Output::Argmax`], whose token is returned). A NaN or infinite
+    /// logit is an error ([`ModelError::NonFiniteLogit`]), never skipped.
+    ///
+    /// With `KILN_DUMP_LAYER0=1` in the environment (read at load), every
+    /// call prints min/max/rms/NaN count of layer 0's stages to stderr:
+    /// embed, attn_norm, q and k after norm+RoPE, attention out, post-attn
+    /// norm, FFN out and layer out. Off, it costs one branch per layer.
     pub fn forward(
         &self,
         tokens: &[u32],
@@ -339,10 +398,21 @@ impl<B: Backend> Model<B> {
         let b = &self.backend;
         let cfg = &self.config;
         let d = cfg.n_embd;
+        if let Output::LogitsFrom(start) = output {
+            if start >= n {
+                return Err(ModelError::Invalid(format!(
+                    "logits from row {start} of a {n}-token batch"
+                )));
+            }
+        }
         let p0 = cache.len();
         cache.ensure(b, p0 + n)?;
 
         b.embed(&self.token_embd, tokens, cfg.embed_scale, &mut s.x)?;
+        if self.dump_layer0 {
+            eprintln!("[kiln layer0] forward of {n} tokens at position {p0}");
+            self.tap("embed", &s.x, n * d)?;
+        }
         if let Some(ple) = &self.ple {
             self.per_layer_inputs(ple, tokens, s)?;
         }
@@ -352,20 +422,28 @@ impl<B: Backend> Model<B> {
 
         // Final norm only on the rows the output needs.
         let (row0, rows) = match output {
-            Output::AllLogits => (0, n),
+            Output::AllLogits | Output::AllHidden => (0, n),
+            Output::LogitsFrom(start) => (start, n - start),
             _ => (n - 1, 1),
         };
         b.copy_strided(&s.x, row0 * d, 0, &mut s.h, 0, 0, 1, rows * d, 1.0, false)?;
         b.rms_norm(&mut s.h, rows, d, Some(&self.output_norm), cfg.rms_eps)?;
         let head = self.output.as_ref().unwrap_or(&self.token_embd);
         let result = match output {
-            Output::Argmax => Some(b.argmax_head(head, &s.h)?),
-            Output::LastHidden => {
-                out.resize(d, 0.0);
+            Output::Argmax => Some(b.argmax_head(head, &s.h).map_err(|e| match e {
+                ModelError::NonFiniteLogit { token, value, .. } => ModelError::NonFiniteLogit {
+                    pos: p0 + n - 1,
+                    token,
+                    value,
+                },
+                e => e,
+            })?),
+            Output::LastHidden | Output::AllHidden => {
+                out.resize(rows * d, 0.0);
                 b.download(&s.h, 0, out)?;
                 None
             }
-            Output::LastLogits | Output::AllLogits => {
+            Output::LastLogits | Output::AllLogits | Output::LogitsFrom(_) => {
                 let len = rows * cfg.n_vocab;
                 if s.logits.as_ref().is_none_or(|l| b.buf_len(l) < len) {
                     s.logits = Some(b.alloc(len)?);
@@ -374,11 +452,30 @@ impl<B: Backend> Model<B> {
                 b.lm_head(head, &s.h, rows, cfg.final_softcap, logits)?;
                 out.resize(len, 0.0);
                 b.download(logits, 0, out)?;
+                if let Some(i) = out.iter().position(|v| !v.is_finite()) {
+                    return Err(ModelError::NonFiniteLogit {
+                        pos: p0 + row0 + i / cfg.n_vocab,
+                        token: (i % cfg.n_vocab) as u32,
+                        value: out[i],
+                    });
+                }
                 None
             }
         };
         cache.commit(b, n, &s.chunk_k, &s.chunk_v)?;
         Ok(result)
+    }
+
+    /// Prints [`TapStats`] of the first `len` values of `buf` (debug only).
+    fn tap(&self, name: &str, buf: &B::Buf, len: usize) -> Result<()> {
+        let mut host = vec![0.0; len];
+        self.backend.download(buf, 0, &mut host)?;
+        let t = TapStats::of(&host);
+        eprintln!(
+            "[kiln layer0] {name:<14} n {len:<8} min {:>11.4} max {:>11.4} rms {:>10.4} nan {}",
+            t.min, t.max, t.rms, t.nan
+        );
+        Ok(())
     }
 
     /// Gemma 4 PLE: `ple = (rms(proj·x0 / sqrt(d)) + E_ple[tok]·sqrt(P)) / sqrt(2)`.
@@ -426,11 +523,18 @@ impl<B: Backend> Model<B> {
         // --- attention ---
         b.copy_strided(&s.x, 0, 0, &mut s.h, 0, 0, 1, n * d, 1.0, false)?;
         b.rms_norm(&mut s.h, n, d, Some(&w.attn_norm), eps)?;
+        let dump = self.dump_layer0 && il == 0;
+        if dump {
+            self.tap("attn_norm", &s.h, n * d)?;
+        }
         b.matmul(&w.q, 0, l.q_dim(), &s.h, n, &mut s.q)?;
         if let Some(qn) = &w.q_norm {
             b.rms_norm(&mut s.q, n * l.n_head, hd, Some(qn), eps)?;
         }
         b.rope(&mut s.q, n, l.n_head, hd, p0, &l.rope)?;
+        if dump {
+            self.tap("q_norm_rope", &s.q, n * l.q_dim())?;
+        }
         if l.owns_kv() {
             let (Some(ck), Some(cv)) = (s.chunk_k[il].as_mut(), s.chunk_v[il].as_mut()) else {
                 return Err(ModelError::Backend(format!("layer {il}: no K/V scratch")));
@@ -451,6 +555,9 @@ impl<B: Backend> Model<B> {
                 b.rms_norm(ck, n * l.n_kv_head, hd, Some(kn), eps)?;
             }
             b.rope(ck, n, l.n_kv_head, hd, p0, &l.rope)?;
+            if dump {
+                self.tap("k_norm_rope", ck, n * l.kv_dim())?;
+            }
         }
         let src = l.kv_source;
         let (Some(ck), Some(cv)) = (s.chunk_k[src].as_ref(), s.chunk_v[src].as_ref()) else {
@@ -467,8 +574,14 @@ impl<B: Backend> Model<B> {
             window: l.window,
         };
         b.attention(&s.q, ck, cv, cache.past(src), &params, &mut s.attn)?;
+        if dump {
+            self.tap("attn_out", &s.attn, n * l.q_dim())?;
+        }
         b.matmul(&w.o, 0, d, &s.attn, n, &mut s.o)?;
         b.rms_norm(&mut s.o, n, d, Some(&w.post_attn_norm), eps)?;
+        if dump {
+            self.tap("attn_post_norm", &s.o, n * d)?;
+        }
         b.add(&mut s.x, &s.o, n * d)?;
 
         // --- feed-forward ---
@@ -487,6 +600,9 @@ impl<B: Backend> Model<B> {
                 b.add(&mut s.o, &s.moe_out, n * d)?;
                 b.rms_norm(&mut s.o, n, d, Some(&w.post_ffw_norm), eps)?;
             }
+        }
+        if dump {
+            self.tap("ffn_out", &s.o, n * d)?;
         }
         b.add(&mut s.x, &s.o, n * d)?;
 
@@ -513,6 +629,9 @@ impl<B: Backend> Model<B> {
         }
         if w.output_scale != 1.0 {
             b.scale(&mut s.x, w.output_scale, n * d)?;
+        }
+        if dump {
+            self.tap("layer_out", &s.x, n * d)?;
         }
         Ok(())
     }
@@ -689,5 +808,19 @@ impl<B: Backend> Scratch<B> {
 
     pub fn max_tokens(&self) -> usize {
         self.max_tokens
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TapStats;
+
+    #[test]
+    fn tap_stats_skip_nan_and_count_it() {
+        let t = TapStats::of(&[3.0, f32::NAN, -4.0, f32::NAN]);
+        assert_eq!((t.min, t.max, t.nan), (-4.0, 3.0, 2));
+        assert!((t.rms - 12.5f32.sqrt()).abs() < 1e-6);
+        let e = TapStats::of(&[]);
+        assert_eq!((e.rms, e.nan), (0.0, 0));
     }
 }

@@ -149,7 +149,8 @@ impl<P> PlanCache<P> {
 
 /// Whether a KV cache holding `old_len` positions can be cut back to
 /// `new_len` and extended from there, given the row counts of its sliding
-/// layers' rings (`ring_rows`).
+/// layers' rings (`ring_rows`). This is the rule
+/// [`kiln_model::KvCache::truncate`] enforces (sessions rely on it there).
 ///
 /// A ring of `r` rows keeps position `p` in row `p % r`, so position `p` was
 /// overwritten once position `p + r` was written. The next query, at

@@ -12,8 +12,14 @@ pub enum RuntimeError {
         expected: &'static str,
     },
     /// A logit is NaN or +inf (a model or kernel bug, or an overflow).
-    #[error("logit {index} is {value} (not finite); the forward pass produced a bad value")]
-    NonFiniteLogit { index: usize, value: f32 },
+    /// `step` counts the tokens generated before it (0: the prompt's
+    /// logits); `index` is the token id.
+    #[error("{} in logits at step {step} (token {index}); the forward pass produced a bad value", kiln_model::nonfinite_name(*.value))]
+    NonFiniteLogit {
+        step: usize,
+        index: usize,
+        value: f32,
+    },
     /// Every token was excluded (all logits -inf after biases).
     #[error("no token can be sampled: every logit is -inf")]
     NoCandidate,
@@ -53,5 +59,63 @@ pub enum RuntimeError {
     NonFiniteHidden,
 }
 
+impl RuntimeError {
+    /// Attributes a bad logit (from sampling or from the model) to
+    /// generation step `step`; other errors pass through.
+    pub(crate) fn at_step(self, step: usize) -> Self {
+        match self {
+            RuntimeError::NonFiniteLogit { index, value, .. } => {
+                RuntimeError::NonFiniteLogit { step, index, value }
+            }
+            RuntimeError::Model(kiln_model::ModelError::NonFiniteLogit {
+                token, value, ..
+            }) => RuntimeError::NonFiniteLogit {
+                step,
+                index: token as usize,
+                value,
+            },
+            e => e,
+        }
+    }
+}
+
 /// `Result` with a [`RuntimeError`].
 pub type Result<T> = std::result::Result<T, RuntimeError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_logits_are_attributed_to_their_step() {
+        let e = RuntimeError::NonFiniteLogit {
+            step: 0,
+            index: 4,
+            value: f32::NAN,
+        }
+        .at_step(7);
+        assert_eq!(
+            e.to_string(),
+            "NaN in logits at step 7 (token 4); the forward pass produced a bad value"
+        );
+        let m = RuntimeError::Model(kiln_model::ModelError::NonFiniteLogit {
+            pos: 30,
+            token: 9,
+            value: f32::INFINITY,
+        })
+        .at_step(3);
+        assert!(matches!(
+            m,
+            RuntimeError::NonFiniteLogit {
+                step: 3,
+                index: 9,
+                ..
+            }
+        ));
+        assert!(m.to_string().starts_with("inf in logits at step 3"));
+        assert!(matches!(
+            RuntimeError::EmptyPrompt.at_step(2),
+            RuntimeError::EmptyPrompt
+        ));
+    }
+}

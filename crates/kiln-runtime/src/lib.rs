@@ -5,6 +5,7 @@
 //! - [`chat`]: rendering a conversation into a prompt.
 //! - [`bucket`]: prefill buckets, the decode ladder, the plan LRU.
 //! - [`session`]: [`Session`], load a GGUF and generate.
+//! - [`perplexity`]: llama-perplexity's chunked PPL.
 //!
 //! ```
 //! use kiln_runtime::{Sampler, SamplingParams};
@@ -15,6 +16,7 @@
 pub mod bucket;
 pub mod chat;
 pub mod error;
+pub mod perplexity;
 pub mod rng;
 pub mod sampling;
 pub mod session;
@@ -22,6 +24,7 @@ pub mod stop;
 
 pub use chat::{ChatFormat, ChatMessage, ChatOptions, ChatTemplate};
 pub use error::{Result, RuntimeError};
+pub use perplexity::{perplexity, PerplexityResult};
 pub use rng::Rng;
 pub use sampling::{argmax, Candidate, Sampler, SamplingParams};
 pub use session::{

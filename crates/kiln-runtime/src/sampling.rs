@@ -237,6 +237,7 @@ fn check_finite(logits: &[f32]) -> Result<()> {
         .position(|l| l.is_nan() || *l == f32::INFINITY)
     {
         Some(index) => Err(RuntimeError::NonFiniteLogit {
+            step: 0,
             index,
             value: logits[index],
         }),

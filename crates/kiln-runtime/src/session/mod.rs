@@ -11,9 +11,22 @@
 //! - **Reuse**: the session remembers which tokens its cache holds and the
 //!   output of the last one. A prompt equal to the previous one (e.g.
 //!   `generate` after `logits`) reuses that output; a prompt that extends
-//!   the cached tokens computes only the new suffix. Anything else is
-//!   recomputed: the model's `KvCache` has no rewind yet, and on sliding
-//!   layers a rewind is only sound when [`ring_allows_rewind`] says so.
+//!   the cached tokens computes only the new suffix; one that diverges
+//!   rewinds the cache to the common prefix ([`KvCache::truncate`]), unless
+//!   a sliding ring overwrote what the new suffix needs
+//!   ([`ring_allows_rewind`]), in which case it is recomputed.
+//!
+//! Debug switches, read from the environment when the session is created
+//! (off: one branch per call):
+//! - `KILN_TRACE_TIMING=1`: stderr lines for load, every prefill chunk
+//!   (tokens, bucket, time) and a decode summary per `generate`.
+//! - `KILN_TOP5=1`: the top-5 (id, logit) of every generation step; greedy
+//!   decode then computes full logits instead of the argmax head.
+//! - `KILN_DUMP_LAYER0=1`: layer-0 stage statistics per forward call (read
+//!   by [`Model`]).
+//!
+//! [`KvCache::truncate`]: kiln_model::KvCache::truncate
+//! [`ring_allows_rewind`]: crate::bucket::ring_allows_rewind
 
 use std::ops::ControlFlow;
 use std::path::Path;
@@ -22,12 +35,13 @@ use std::time::Instant;
 
 use kiln_cpu::CpuBackend;
 use kiln_gguf::Gguf;
-use kiln_model::{Backend, Model, ModelConfig, Output};
+use kiln_model::{env_flag, Backend, Model, ModelConfig, Output};
 use kiln_tokenizer::{StreamDecoder, Tokenizer};
 
 use crate::bucket::{DecodeLadder, PlanCache};
 use crate::chat::{ChatMessage, ChatOptions, ChatTemplate};
 use crate::error::{Result, RuntimeError};
+use crate::perplexity::{nll, NllAccumulator, PerplexityResult};
 use crate::sampling::{argmax, Sampler, SamplingParams};
 use crate::stop::{StopMatcher, StopStatus};
 
@@ -60,13 +74,23 @@ pub struct Session<B: Backend = CpuBackend> {
     chat: std::result::Result<ChatTemplate, String>,
     eog: Vec<u32>,
     opts: SessionOptions,
+    /// `KILN_TOP5`: print the top-5 logits of every generation step.
+    top5: bool,
 }
 
 impl Session<CpuBackend> {
     /// Opens a GGUF file and prepares a CPU session.
     pub fn load(path: impl AsRef<Path>, opts: SessionOptions) -> Result<Self> {
+        let t0 = Instant::now();
         let gguf = Arc::new(Gguf::open(path)?);
-        Session::with_backend(CpuBackend::new(), gguf, opts)
+        let s = Session::with_backend(CpuBackend::new(), gguf, opts)?;
+        if s.runner.trace_timing {
+            eprintln!(
+                "[kiln timing] load: {:.1} ms",
+                t0.elapsed().as_secs_f64() * 1e3
+            );
+        }
+        Ok(s)
     }
 }
 
@@ -80,6 +104,9 @@ impl<B: Backend> Session<B> {
                 name: "threads",
                 reason: e.to_string(),
             })?;
+        // The architecture first: a non-Gemma file should say so, not fail
+        // on some tokenizer or tensor detail.
+        ModelConfig::from_gguf(&gguf)?;
         let tokenizer = Tokenizer::from_gguf(&gguf)?;
         let chat = ChatTemplate::from_gguf(&gguf).map_err(|e| e.to_string());
         let model = Model::load(backend, gguf)?;
@@ -117,6 +144,7 @@ impl<B: Backend> Session<B> {
             max_prefill: opts.max_prefill,
             max_context: opts.max_context,
             pool,
+            trace_timing: env_flag("KILN_TRACE_TIMING"),
         };
         Ok(Session {
             runner,
@@ -124,6 +152,7 @@ impl<B: Backend> Session<B> {
             chat,
             eog,
             opts,
+            top5: env_flag("KILN_TOP5"),
         })
     }
 
@@ -197,7 +226,8 @@ impl<B: Backend> Session<B> {
     pub fn logits<'p>(&mut self, prompt: impl Into<Prompt<'p>>) -> Result<Vec<f32>> {
         let ids = self.fit_prompt(self.tokenize(prompt.into())?, 1)?;
         self.runner
-            .prefill(&ids, Need::Logits, &mut Stats::default())?;
+            .prefill(&ids, Need::Logits, &mut Stats::default())
+            .map_err(|e| e.at_step(0))?;
         Ok(self.runner.logits_buf.clone())
     }
 
@@ -214,12 +244,6 @@ impl<B: Backend> Session<B> {
                 .run_prefill_chunk(chunk, Output::AllLogits, &mut rows)?;
             all.extend_from_slice(&rows);
         }
-        if let Some(index) = all.iter().position(|l| !l.is_finite()) {
-            return Err(RuntimeError::NonFiniteLogit {
-                index,
-                value: all[index],
-            });
-        }
         // The last row is the usual reusable output.
         self.runner.logits_buf.clear();
         self.runner
@@ -230,9 +254,8 @@ impl<B: Backend> Session<B> {
     }
 
     /// The post-final-norm hidden state of the prompt's last token and,
-    /// with `mean = true`, its mean over all tokens. The mean runs the
-    /// prompt one token at a time (the model exposes only the last row's
-    /// hidden state), so it costs one decode step per token.
+    /// with `mean = true`, its mean over all tokens (mean pooling, from one
+    /// prefill with [`Output::AllHidden`]).
     pub fn embed<'p>(&mut self, prompt: impl Into<Prompt<'p>>, mean: bool) -> Result<Embedding> {
         let ids = self.fit_prompt(self.tokenize(prompt.into())?, 1)?;
         if !mean {
@@ -246,19 +269,98 @@ impl<B: Backend> Session<B> {
         self.runner.reset();
         let d = self.runner.model.config.n_embd;
         let mut sum = vec![0.0f64; d];
-        for &id in &ids {
-            self.runner.step(id, Output::LastHidden)?;
-            check_hidden(&self.runner.hidden_buf)?;
-            sum.iter_mut()
-                .zip(&self.runner.hidden_buf)
-                .for_each(|(s, &h)| *s += h as f64);
+        let mut rows = Vec::new();
+        for chunk in ids.chunks(self.opts.max_prefill) {
+            self.runner
+                .run_prefill_chunk(chunk, Output::AllHidden, &mut rows)?;
+            check_hidden(&rows)?;
+            for row in rows.chunks_exact(d) {
+                sum.iter_mut()
+                    .zip(row)
+                    .for_each(|(s, &h)| *s += f64::from(h));
+            }
         }
+        self.runner.hidden_buf.clear();
+        self.runner
+            .hidden_buf
+            .extend_from_slice(&rows[rows.len() - d..]);
         self.runner.last = Last::Hidden;
         let n = ids.len() as f64;
         Ok(Embedding {
             last: self.runner.hidden_buf.clone(),
             mean: Some(sum.iter().map(|&s| (s / n) as f32).collect()),
         })
+    }
+
+    /// Tokenizes a text file's contents as `llama-perplexity -f` does: one
+    /// trailing newline dropped, BOS added, control tokens not parsed.
+    pub fn tokenize_for_perplexity(&self, text: &str) -> Vec<u32> {
+        let text = text.strip_suffix('\n').unwrap_or(text);
+        self.tokenizer.encode(text, true, false)
+    }
+
+    /// Perplexity of `tokens` with chunks of `n_ctx` tokens, computed as
+    /// llama.cpp's `llama-perplexity` does (see [`crate::perplexity`]).
+    pub fn perplexity(&mut self, tokens: &[u32], n_ctx: usize) -> Result<PerplexityResult> {
+        if n_ctx < 4 || n_ctx > self.opts.max_context {
+            return Err(RuntimeError::InvalidOption {
+                name: "n_ctx",
+                reason: format!(
+                    "{n_ctx}: perplexity needs 4 <= n_ctx <= {} (the session context)",
+                    self.opts.max_context
+                ),
+            });
+        }
+        if tokens.len() < 2 * n_ctx {
+            return Err(RuntimeError::InvalidOption {
+                name: "n_ctx",
+                reason: format!(
+                    "{} tokens are too few: perplexity with a context of {n_ctx} needs at least {}",
+                    tokens.len(),
+                    2 * n_ctx
+                ),
+            });
+        }
+        let vocab_size = self.runner.model.config.n_vocab;
+        if let Some(&id) = tokens.iter().find(|&&id| id as usize >= vocab_size) {
+            return Err(RuntimeError::TokenOutOfVocab { id, vocab_size });
+        }
+        let bos = self.tokenizer.bos_id().filter(|_| self.tokenizer.add_bos());
+        let first = n_ctx / 2;
+        let mut acc = NllAccumulator::default();
+        let mut chunk = Vec::with_capacity(n_ctx);
+        let mut rows = Vec::new();
+        for k in 0..tokens.len() / n_ctx {
+            chunk.clear();
+            chunk.extend_from_slice(&tokens[k * n_ctx..(k + 1) * n_ctx]);
+            if let Some(b) = bos {
+                chunk[0] = b;
+            }
+            self.runner.reset();
+            // Sub-batches of at most max_prefill; logits only where scored.
+            let mut a = 0;
+            while a < n_ctx {
+                let b = (a + self.opts.max_prefill).min(n_ctx);
+                let out = if b <= first {
+                    Output::LastHidden
+                } else {
+                    Output::LogitsFrom(first.max(a) - a)
+                };
+                self.runner
+                    .run_prefill_chunk(&chunk[a..b], out, &mut rows)?;
+                if b > first {
+                    for (i, row) in rows.chunks_exact(vocab_size).enumerate() {
+                        let j = first.max(a) + i;
+                        if j + 1 < n_ctx {
+                            acc.add(nll(row, chunk[j + 1]));
+                        }
+                    }
+                }
+                a = b;
+            }
+            acc.end_chunk();
+        }
+        Ok(acc.finish(n_ctx))
     }
 
     /// Generates from `prompt`, streaming each token to `on_token`, until an
@@ -270,6 +372,13 @@ impl<B: Backend> Session<B> {
         params: &SamplingParams,
         mut on_token: impl FnMut(TokenEvent) -> ControlFlow<()>,
     ) -> Result<Generation> {
+        if params.max_tokens == 0 {
+            return Err(RuntimeError::InvalidSamplingParam {
+                name: "max_tokens",
+                value: "0".into(),
+                expected: "at least 1 token to generate (use logits() to only score a prompt)",
+            });
+        }
         let mut sampler = Sampler::new(params.clone())?;
         let reserve = params.max_tokens.min(self.opts.max_context / 2).max(1);
         let ids = self.fit_prompt(self.tokenize(prompt.into())?, reserve)?;
@@ -280,9 +389,21 @@ impl<B: Backend> Session<B> {
         // Prompt tokens enter the penalty window, as in llama.cpp's server.
         sampler.accept_all(&ids);
         let greedy = params.is_greedy();
+        // KILN_TOP5 needs the logits row every step, so it disables the
+        // argmax head.
+        let step_output = if greedy && !self.top5 {
+            Output::Argmax
+        } else {
+            Output::LastLogits
+        };
+        let (top5, trace) = (self.top5, self.runner.trace_timing);
+        // (min, max) decode step time, only when tracing.
+        let mut step_span = (f64::INFINITY, 0.0f64);
 
         let runner = &mut self.runner;
-        runner.prefill(&ids, Need::Logits, &mut stats)?;
+        runner
+            .prefill(&ids, Need::Logits, &mut stats)
+            .map_err(|e| e.at_step(0))?;
         let decode_start = Instant::now();
         let mut decoder = StreamDecoder::new(&self.tokenizer, false);
         let mut matcher = StopMatcher::new(params.stop.clone());
@@ -296,14 +417,20 @@ impl<B: Backend> Session<B> {
             if out.tokens.len() >= params.max_tokens {
                 break FinishReason::Length;
             }
+            let step = out.tokens.len();
+            if top5 && runner.last == Last::Logits {
+                print_top5(step, &runner.logits_buf);
+            }
             let id = match runner.last {
                 Last::Argmax(id) => id,
-                _ if greedy => argmax(&runner.logits_buf)?,
+                _ if greedy => argmax(&runner.logits_buf).map_err(|e| e.at_step(step))?,
                 _ => {
                     // Sampling biases the row in place: it no longer holds
                     // the model's logits for reuse.
                     runner.last = Last::None;
-                    sampler.sample(&mut runner.logits_buf)?
+                    sampler
+                        .sample(&mut runner.logits_buf)
+                        .map_err(|e| e.at_step(step))?
                 }
             };
             if !params.ignore_eos && self.eog.binary_search(&id).is_ok() {
@@ -338,14 +465,14 @@ impl<B: Backend> Session<B> {
             if runner.cache.len() + 1 > runner.max_context {
                 break FinishReason::ContextFull;
             }
-            runner.step(
-                id,
-                if greedy {
-                    Output::Argmax
-                } else {
-                    Output::LastLogits
-                },
-            )?;
+            let t_step = trace.then(Instant::now);
+            runner
+                .step(id, step_output)
+                .map_err(|e| e.at_step(step + 1))?;
+            if let Some(t) = t_step {
+                let ms = t.elapsed().as_secs_f64() * 1e3;
+                step_span = (step_span.0.min(ms), step_span.1.max(ms));
+            }
             out.stats.decode_tokens += 1;
         };
         // Release text held back for a possible stop string or UTF-8 tail.
@@ -371,6 +498,20 @@ impl<B: Backend> Session<B> {
             out.finish = finish;
         }
         out.stats.decode_time = decode_start.elapsed();
+        if trace {
+            let st = &out.stats;
+            eprintln!(
+                "[kiln timing] prompt {} tokens ({} reused), prefill {:.1} ms; decode {} steps in {:.1} ms ({:.1} tok/s, step min {:.1} ms, max {:.1} ms)",
+                st.prompt_tokens,
+                st.reused_tokens,
+                st.prefill_time.as_secs_f64() * 1e3,
+                st.decode_tokens,
+                st.decode_time.as_secs_f64() * 1e3,
+                st.decode_tokens_per_s(),
+                if st.decode_tokens == 0 { 0.0 } else { step_span.0 },
+                step_span.1
+            );
+        }
         Ok(out)
     }
 
@@ -398,5 +539,42 @@ impl<B: Backend> Session<B> {
                 Ok(out)
             }
         }
+    }
+}
+
+/// The `KILN_TOP5` line: the five largest logits of a step, ties to the
+/// lowest id.
+fn print_top5(step: usize, logits: &[f32]) {
+    let line: Vec<String> = top_logits(logits, 5)
+        .iter()
+        .map(|(id, z)| format!("{id} {z:.4}"))
+        .collect();
+    eprintln!("[kiln top5] step {step}: {}", line.join(", "));
+}
+
+/// The `k` largest (id, logit) pairs, descending; NaN sorts last.
+pub(crate) fn top_logits(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
+    let mut top: Vec<(u32, f32)> = Vec::with_capacity(k + 1);
+    for (i, &z) in logits.iter().enumerate() {
+        if k == 0 || z.is_nan() || (top.len() == k && z <= top[k - 1].1) {
+            continue;
+        }
+        let at = top.partition_point(|&(_, v)| v >= z);
+        top.insert(at, (i as u32, z));
+        top.truncate(k);
+    }
+    top
+}
+
+#[cfg(test)]
+mod tests {
+    use super::top_logits;
+
+    #[test]
+    fn top_logits_are_descending_with_ties_to_the_lowest_id() {
+        let z = [0.5, 3.0, f32::NAN, 3.0, -1.0, 2.0, 7.0];
+        assert_eq!(top_logits(&z, 3), vec![(6, 7.0), (1, 3.0), (3, 3.0)]);
+        assert_eq!(top_logits(&z, 0), vec![]);
+        assert_eq!(top_logits(&[1.0], 5), vec![(0, 1.0)]);
     }
 }

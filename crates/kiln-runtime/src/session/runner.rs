@@ -6,7 +6,7 @@ use std::time::Instant;
 use kiln_model::{Backend, KvCache, Model, Output, Scratch};
 
 use super::Stats;
-use crate::bucket::{prefill_bucket, ring_allows_rewind, DecodeLadder, PlanCache};
+use crate::bucket::{prefill_bucket, DecodeLadder, PlanCache};
 use crate::error::{Result, RuntimeError};
 
 /// What the cache's last token produced, kept for reuse.
@@ -46,6 +46,8 @@ pub(super) struct Runner<B: Backend> {
     pub(super) max_prefill: usize,
     pub(super) max_context: usize,
     pub(super) pool: rayon::ThreadPool,
+    /// `KILN_TRACE_TIMING`: print a timing line per prefill chunk.
+    pub(super) trace_timing: bool,
 }
 
 impl<B: Backend> Runner<B> {
@@ -69,8 +71,13 @@ impl<B: Backend> Runner<B> {
         }
         let keep = self.reusable_prefix(ids);
         if keep < self.cached.len() {
-            // No rewind in the model's KvCache: recompute from scratch.
-            self.reset();
+            // Rewind to the common prefix. The cache refuses when a sliding
+            // ring overwrote a row the suffix needs: then recompute all.
+            if self.cache.truncate(keep).is_ok() {
+                self.cached.truncate(keep);
+            } else {
+                self.reset();
+            }
         }
         let start = self.cached.len();
         stats.reused_tokens = start;
@@ -109,7 +116,11 @@ impl<B: Backend> Runner<B> {
             Need::Logits => {
                 if let Some(index) = self.logits_buf.iter().position(|l| !l.is_finite()) {
                     let value = self.logits_buf[index];
-                    return Err(RuntimeError::NonFiniteLogit { index, value });
+                    return Err(RuntimeError::NonFiniteLogit {
+                        step: 0,
+                        index,
+                        value,
+                    });
                 }
                 self.last = Last::Logits;
             }
@@ -122,9 +133,10 @@ impl<B: Backend> Runner<B> {
         Ok(())
     }
 
-    /// How many cached tokens the prompt `ids` can keep: the common prefix,
-    /// leaving at least the last prompt token to compute, and only where the
-    /// sliding rings still hold what the rest needs.
+    /// How many cached tokens the prompt `ids` could keep: the common
+    /// prefix, leaving at least the last prompt token to compute (its output
+    /// is needed). Whether the sliding rings allow rewinding that far is
+    /// [`KvCache::truncate`]'s call.
     fn reusable_prefix(&self, ids: &[u32]) -> usize {
         let lcp = self
             .cached
@@ -132,21 +144,7 @@ impl<B: Backend> Runner<B> {
             .zip(ids)
             .take_while(|(a, b)| a == b)
             .count();
-        let keep = lcp.min(ids.len() - 1);
-        let rings: Vec<usize> = self
-            .model
-            .config
-            .layers
-            .iter()
-            .filter(|l| l.window.is_some())
-            .map(|l| self.cache.allocated_rows(l.index))
-            .filter(|&r| r > 0)
-            .collect();
-        if ring_allows_rewind(self.cached.len(), keep, &rings) {
-            keep
-        } else {
-            0
-        }
+        lcp.min(ids.len().saturating_sub(1))
     }
 
     /// One prefill chunk at its bucket's scratch; appends to the cache.
@@ -163,8 +161,19 @@ impl<B: Backend> Runner<B> {
             .plans
             .get_or_try_insert(bucket, || model.new_scratch(bucket))?;
         let cache = &mut self.cache;
+        let t0 = self.trace_timing.then(Instant::now);
+        let p0 = cache.len();
         self.pool
             .install(|| model.forward(chunk, cache, scratch, output, out))?;
+        if let Some(t0) = t0 {
+            let secs = t0.elapsed().as_secs_f64();
+            eprintln!(
+                "[kiln timing] prefill {} tokens at position {p0}, bucket {bucket}: {:.1} ms ({:.1} tok/s)",
+                chunk.len(),
+                secs * 1e3,
+                chunk.len() as f64 / secs
+            );
+        }
         self.cached.extend_from_slice(chunk);
         Ok(())
     }
