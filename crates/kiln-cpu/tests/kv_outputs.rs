@@ -1,0 +1,156 @@
+//! KvCache rewind, the partial/all-position outputs and NaN reporting, on
+//! the tiny Gemma 3 fixture (sliding window 16, tied embeddings).
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use kiln_cpu::CpuBackend;
+use kiln_gguf::{write::GgufWriter, Gguf};
+use kiln_model::{Model, ModelError, Output};
+
+fn tiny() -> Model<CpuBackend> {
+    load(&kiln_testdata::fixture("gemma3-tiny/model-f32.gguf"))
+}
+
+fn tokens(n: usize, salt: u32) -> Vec<u32> {
+    (0..n as u32)
+        .map(|i| 2 + (i * 37 + salt * 11) % 700)
+        .collect()
+}
+
+fn last_logits(m: &Model<CpuBackend>, toks: &[u32]) -> Vec<f32> {
+    let all = all_logits(m, toks);
+    all[all.len() - m.config.n_vocab..].to_vec()
+}
+
+#[test]
+fn truncate_then_extend_equals_a_fresh_run() {
+    let m = tiny();
+    let a = tokens(12, 0);
+    let mut b = a[..8].to_vec();
+    b.extend(tokens(4, 5));
+    let mut cache = m.new_cache().unwrap();
+    let mut s = m.new_scratch(16).unwrap();
+    let mut out = Vec::new();
+    m.forward(&a, &mut cache, &mut s, Output::LastLogits, &mut out)
+        .unwrap();
+    cache.truncate(8).unwrap();
+    assert_eq!(cache.len(), 8);
+    m.forward(&b[8..], &mut cache, &mut s, Output::LastLogits, &mut out)
+        .unwrap();
+    let (d, _) = max_diff(&out, &last_logits(&m, &b));
+    assert!(d < 1e-5, "rewound run differs by {d}");
+}
+
+#[test]
+fn truncate_refuses_when_the_ring_overwrote_needed_rows() {
+    let m = tiny();
+    let a = tokens(40, 1);
+    let mut cache = m.new_cache().unwrap();
+    let mut s = m.new_scratch(40).unwrap();
+    let mut out = Vec::new();
+    m.forward(&a, &mut cache, &mut s, Output::LastHidden, &mut out)
+        .unwrap();
+    // Position 30 needs keys back to 15, overwritten by 31 in a 16-row ring.
+    let e = cache.truncate(30).unwrap_err();
+    assert!(e.to_string().contains("overwrote"), "{e}");
+    assert_eq!(
+        cache.len(),
+        40,
+        "a refused rewind leaves the cache as it was"
+    );
+    assert!(cache.truncate(41).is_err());
+    // Dropping one position is always sound, and equals a fresh run.
+    cache.truncate(39).unwrap();
+    let mut b = a[..39].to_vec();
+    b.push(9);
+    m.forward(&[9], &mut cache, &mut s, Output::LastLogits, &mut out)
+        .unwrap();
+    let (d, _) = max_diff(&out, &last_logits(&m, &b));
+    assert!(d < 1e-5, "{d}");
+    cache.truncate(0).unwrap();
+    assert!(cache.is_empty());
+}
+
+#[test]
+fn partial_and_all_position_outputs_agree_with_full_ones() {
+    let m = tiny();
+    let (v, d) = (m.config.n_vocab, m.config.n_embd);
+    let t = tokens(10, 2);
+    let all = all_logits(&m, &t);
+    let mut s = m.new_scratch(10).unwrap();
+    let mut out = Vec::new();
+    let mut cache = m.new_cache().unwrap();
+    m.forward(&t, &mut cache, &mut s, Output::LogitsFrom(6), &mut out)
+        .unwrap();
+    assert_eq!(out.len(), 4 * v);
+    assert_eq!(max_diff(&out, &all[6 * v..]).0, 0.0);
+
+    let mut cache = m.new_cache().unwrap();
+    let mut hidden = Vec::new();
+    m.forward(&t, &mut cache, &mut s, Output::AllHidden, &mut hidden)
+        .unwrap();
+    assert_eq!(hidden.len(), 10 * d);
+    let mut cache = m.new_cache().unwrap();
+    m.forward(&t, &mut cache, &mut s, Output::LastHidden, &mut out)
+        .unwrap();
+    assert_eq!(max_diff(&out, &hidden[9 * d..]).0, 0.0);
+
+    let mut cache = m.new_cache().unwrap();
+    assert!(matches!(
+        m.forward(&t, &mut cache, &mut s, Output::LogitsFrom(10), &mut out),
+        Err(ModelError::Invalid(_))
+    ));
+    assert!(cache.is_empty());
+}
+
+/// The fixture with row `row` of the (tied) token embedding set to NaN.
+pub fn poisoned(row: usize) -> Arc<Gguf> {
+    let g = Gguf::open(kiln_testdata::fixture("gemma3-tiny/model-f32.gguf")).unwrap();
+    let mut w = GgufWriter::new();
+    for (k, v) in g.metadata() {
+        w.metadata(k.clone(), v.clone());
+    }
+    for t in g.tensor_infos() {
+        let mut data = g.tensor(&t.name).unwrap().data.to_vec();
+        if t.name == "token_embd.weight" {
+            let cols = t.dims[0] as usize;
+            for c in 0..cols {
+                let at = (row * cols + c) * 4;
+                data[at..at + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+            }
+        }
+        w.tensor(t.name.clone(), &t.dims, t.ty, data).unwrap();
+    }
+    Arc::new(Gguf::from_bytes(w.to_bytes().unwrap()).unwrap())
+}
+
+#[test]
+fn nan_logits_are_errors_on_every_output_path() {
+    let m = Model::load(CpuBackend::new(), poisoned(300)).unwrap();
+    let t = [2u32, 10, 11];
+    let mut s = m.new_scratch(4).unwrap();
+    let mut out = Vec::new();
+    for output in [Output::Argmax, Output::LastLogits, Output::AllLogits] {
+        let mut cache = m.new_cache().unwrap();
+        match m.forward(&t, &mut cache, &mut s, output, &mut out) {
+            Err(ModelError::NonFiniteLogit {
+                token: 300,
+                value,
+                pos,
+            }) => {
+                assert!(value.is_nan());
+                assert!(pos < 3, "{output:?}: pos {pos}");
+            }
+            other => panic!("{output:?}: {other:?}"),
+        }
+        assert!(cache.is_empty(), "a failed forward commits nothing");
+    }
+    let mut cache = m.new_cache().unwrap();
+    let e = m
+        .forward(&t, &mut cache, &mut s, Output::Argmax, &mut out)
+        .unwrap_err();
+    assert_eq!(e.to_string(), "NaN in logits at position 2 (token 300)");
+}
