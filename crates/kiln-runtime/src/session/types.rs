@@ -19,7 +19,10 @@ pub enum Truncation {
 pub struct SessionOptions {
     /// Worker threads for the CPU kernels; 0 = one per core.
     pub threads: usize,
-    /// Context length in tokens; 0 = the model's own (capped by it).
+    /// Context length in tokens; 0 (the default) = the model's own
+    /// `context_length`, larger values are capped by it. The KV cache of
+    /// global layers grows on demand, so a large context costs memory only
+    /// when it is used.
     pub max_context: usize,
     /// Largest prefill bucket (`max_seq`); longer prompts run in chunks.
     pub max_prefill: usize,
@@ -31,7 +34,7 @@ impl Default for SessionOptions {
     fn default() -> Self {
         SessionOptions {
             threads: 0,
-            max_context: 4096,
+            max_context: 0,
             max_prefill: 512,
             truncation: Truncation::Error,
         }
