@@ -17,7 +17,8 @@ mod model_path;
     long_about = "Kiln: Gemma 2/3/4 inference on GGUF models.\n\n\
         MODEL arguments default to $KILN_MODEL, else \
         $KILN_CACHE_DIR/gemma-3-270m-q4_k_m.gguf (cache default ~/.cache/kiln), \
-        which scripts/fetch-test-data downloads."
+        which scripts/fetch-test-data downloads.",
+    after_long_help = cmd::common::ENV_HELP
 )]
 struct Cli {
     #[command(subcommand)]
@@ -29,6 +30,11 @@ enum Command {
     Inspect(cmd::inspect::Args),
     Tokenize(cmd::tokenize::Args),
     Detokenize(cmd::detokenize::Args),
+    Run(cmd::run::Args),
+    Chat(cmd::chat::Args),
+    Logits(cmd::logits::Args),
+    Perplexity(cmd::perplexity::Args),
+    Bench(cmd::bench::Args),
 }
 
 fn main() -> ExitCode {
@@ -37,6 +43,11 @@ fn main() -> ExitCode {
         Command::Inspect(a) => cmd::inspect::run(a),
         Command::Tokenize(a) => cmd::tokenize::run(a),
         Command::Detokenize(a) => cmd::detokenize::run(a),
+        Command::Run(a) => cmd::run::run(a),
+        Command::Chat(a) => cmd::chat::run(a),
+        Command::Logits(a) => cmd::logits::run(a),
+        Command::Perplexity(a) => cmd::perplexity::run(a),
+        Command::Bench(a) => cmd::bench::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,5 +1,11 @@
 //! One module per subcommand: each has an `Args` (clap) and a `run`.
 
+pub mod bench;
+pub mod chat;
+pub mod common;
 pub mod detokenize;
 pub mod inspect;
+pub mod logits;
+pub mod perplexity;
+pub mod run;
 pub mod tokenize;

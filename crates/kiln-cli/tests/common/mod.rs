@@ -45,3 +45,19 @@ impl Drop for TempDir {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
+
+/// Asserts that a JSON object's text starts with `keys`, in this order
+/// (serde_json's `Value` does not keep key order).
+pub fn assert_leading_keys(raw: &str, keys: &[&str]) {
+    let mut at = 0;
+    for (i, k) in keys.iter().enumerate() {
+        let needle = format!("{}\"{k}\":", if i == 0 { "{" } else { "," });
+        let found = raw[at..]
+            .find(&needle)
+            .unwrap_or_else(|| panic!("key {k:?} not in order in {raw}"));
+        if i == 0 {
+            assert_eq!(found, 0, "{raw} does not start with {k:?}");
+        }
+        at += found + needle.len();
+    }
+}
