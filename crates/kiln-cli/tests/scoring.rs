@@ -177,6 +177,51 @@ fn perplexity_on_a_short_text_is_finite_and_close_to_llama_cpp() {
     }
 }
 
+/// `--chunks 1` scores one chunk when the text fills two (llama.cpp's
+/// rule), and each chunk's entry ends `,` as in llama.cpp's running line.
+/// The tiny fixture keeps it fast.
+#[test]
+fn perplexity_scores_a_single_chunk_on_request() {
+    let m = kiln_testdata::fixture("gemma3-tiny/model-f32.gguf");
+    let m = m.to_str().unwrap();
+    let dir = TempDir::new("ppl-one");
+    let file = dir.0.join("text.txt");
+    std::fs::write(
+        &file,
+        "the quick brown fox jumps over the lazy dog. ".repeat(20),
+    )
+    .unwrap();
+    let f = file.to_str().unwrap();
+    let run = |chunks: &str| {
+        kiln(&[
+            "perplexity",
+            "-m",
+            m,
+            "-f",
+            f,
+            "-c",
+            "16",
+            "--chunks",
+            chunks,
+            "--json",
+        ])
+    };
+    let out = run("1");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let j: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(j["n_chunks"], 1);
+    assert_eq!(j["n_scored"], 7);
+    let ppl = j["ppl"].as_f64().unwrap();
+    assert!(ppl.is_finite() && ppl > 1.0, "{j}");
+    assert!(stderr.contains(&format!("\n[1]{ppl:.4},\n")), "{stderr}");
+    let two: Value = serde_json::from_slice(&run("2").stdout).unwrap();
+    assert_eq!(two["chunks"][0], j["chunks"][0]);
+    assert_eq!(two["n_chunks"], 2);
+    let zero = run("0");
+    assert_eq!(zero.status.code(), Some(2), "{zero:?}");
+}
+
 #[test]
 fn bench_json_lines_parse() {
     let m = model();

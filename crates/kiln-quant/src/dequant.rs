@@ -129,30 +129,34 @@ pub(crate) fn q3_k(bytes: &[u8; BlockQ3K::BYTES], y: &mut [f32; QK_K]) {
 
 pub(crate) fn q4_k(bytes: &[u8; BlockQ4K::BYTES], y: &mut [f32; QK_K]) {
     let b = BlockQ4K::from_bytes(bytes);
-    let (d, dmin) = (f16_to_f32(b.d), f16_to_f32(b.dmin));
-    for (g, y) in y.chunks_exact_mut(32).enumerate() {
-        let (sc, m) = scale_min_k4(g, &b.scales);
-        let (dl, ml) = (d * sc as f32, dmin * m as f32);
-        // Groups 2k and 2k+1 share bytes 32k..32k+32: low then high nibble.
-        let qs = &b.qs[32 * (g / 2)..][..32];
-        let shift = 4 * (g % 2);
-        for (y, &q) in y.iter_mut().zip(qs) {
-            *y = dl * ((q >> shift) & 0xF) as f32 - ml;
-        }
-    }
+    k4_groups(b.d, b.dmin, &b.scales, &b.qs, None, y);
 }
 
 pub(crate) fn q5_k(bytes: &[u8; BlockQ5K::BYTES], y: &mut [f32; QK_K]) {
     let b = BlockQ5K::from_bytes(bytes);
-    let (d, dmin) = (f16_to_f32(b.d), f16_to_f32(b.dmin));
+    k4_groups(b.d, b.dmin, &b.scales, &b.qs, Some(&b.qh), y);
+}
+
+/// Q4_K and Q5_K: eight groups of 32 with 6-bit scales and mins; `qh` is
+/// Q5_K's fifth bits (bit g of byte l: element l of group g).
+fn k4_groups(
+    d: [u8; 2],
+    dmin: [u8; 2],
+    scales: &[u8; 12],
+    qs: &[u8; 128],
+    qh: Option<&[u8; 32]>,
+    y: &mut [f32; QK_K],
+) {
+    let (d, dmin) = (f16_to_f32(d), f16_to_f32(dmin));
     for (g, y) in y.chunks_exact_mut(32).enumerate() {
-        let (sc, m) = scale_min_k4(g, &b.scales);
+        let (sc, m) = scale_min_k4(g, scales);
         let (dl, ml) = (d * sc as f32, dmin * m as f32);
-        let qs = &b.qs[32 * (g / 2)..][..32];
+        // Groups 2k and 2k+1 share bytes 32k..32k+32: low then high nibble.
+        let qs = &qs[32 * (g / 2)..][..32];
         let shift = 4 * (g % 2);
         for (l, y) in y.iter_mut().enumerate() {
-            let q = ((qs[l] >> shift) & 0xF) | (((b.qh[l] >> g) & 1) << 4);
-            *y = dl * q as f32 - ml;
+            let high = qh.map_or(0, |qh| ((qh[l] >> g) & 1) << 4);
+            *y = dl * (((qs[l] >> shift) & 0xF) | high) as f32 - ml;
         }
     }
 }

@@ -161,7 +161,7 @@ pub fn can_quantize(ty: GgmlType) -> bool {
 
 /// Checks that `n_elems` is whole blocks and `n_bytes` is exactly their size.
 fn check_lengths(ty: GgmlType, n_elems: usize, n_bytes: usize) -> Result<(), QuantError> {
-    if n_elems % ty.block_elems() != 0 {
+    if !n_elems.is_multiple_of(ty.block_elems()) {
         return Err(QuantError::PartialBlock { ty, n_elems });
     }
     let expected_bytes = n_elems / ty.block_elems() * ty.block_bytes();

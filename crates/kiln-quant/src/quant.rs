@@ -41,7 +41,7 @@ pub(crate) fn bf16s(src: &[f32], dst: &mut [u8]) {
 
 /// The element of largest magnitude, keeping its sign; the first one wins
 /// ties, as in ggml's `if (amax < fabsf(v))` scan and numpy's `argmax`.
-fn signed_absmax(x: &[f32]) -> f32 {
+pub(crate) fn signed_absmax(x: &[f32]) -> f32 {
     let mut amax = 0.0f32;
     let mut max = 0.0f32;
     for &v in x {

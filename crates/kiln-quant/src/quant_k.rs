@@ -7,6 +7,7 @@
 //! different order can flip a rounding decision and change the bytes.
 
 use crate::block::*;
+use crate::quant::signed_absmax;
 
 /// ggml's `GROUP_MAX_EPS`: below this a group is treated as all zero.
 const GROUP_MAX_EPS: f32 = 1e-15;
@@ -103,14 +104,8 @@ fn make_qkx2_quants(
 /// Fits `x ~ scale * (L - nmax)` with L in 0..2*nmax, weighting by x^2
 /// (`make_qx_quants` with `rmse_type == 1` and no importance weights).
 fn make_qx_quants(nmax: i32, x: &[f32], l_out: &mut [u8]) -> f32 {
-    let mut max = 0.0f32;
-    let mut amax = 0.0f32;
-    for &v in x {
-        if v.abs() > amax {
-            amax = v.abs();
-            max = v;
-        }
-    }
+    let max = signed_absmax(x);
+    let amax = max.abs();
     if amax < GROUP_MAX_EPS {
         l_out.fill(0);
         return 0.0;
@@ -160,32 +155,36 @@ fn rms_weights(x: &[f32]) -> [f32; 32] {
     std::array::from_fn(|l| av_x + x[l].abs())
 }
 
-/// Shared by Q4_K and Q5_K: fits eight groups of 32, quantizes their scales
-/// and mins to 6 bits, then requantizes every element against those.
-/// Returns (d, dmin, packed scales, L in 0..=nmax).
-fn k4_fit(
+/// The first pass of Q2_K, Q4_K and Q5_K: fits each of the `N` groups of
+/// `G` elements with `make_qkx2_quants` (rdelta 0.1, weights from
+/// `weights`), writing its L into `l`. Returns the groups' scales and mins
+/// and the largest of each.
+fn fit_groups<const N: usize, const G: usize>(
     x: &[f32; QK_K],
+    l: &mut [u8; QK_K],
+    weights: impl Fn(&[f32]) -> [f32; G],
     nmax: i32,
     rmin: f32,
     nstep: i32,
-) -> ([u8; 2], [u8; 2], [u8; 12], [u8; QK_K]) {
-    let mut l = [0u8; QK_K];
-    let mut scales = [0.0f32; 8];
-    let mut mins = [0.0f32; 8];
+    use_mad: bool,
+) -> ([f32; N], [f32; N], f32, f32) {
+    const { assert!(N * G == QK_K) };
+    let mut scales = [0.0f32; N];
+    let mut mins = [0.0f32; N];
     let mut max_scale = 0.0f32;
     let mut max_min = 0.0f32;
-    for j in 0..8 {
-        let xg = &x[32 * j..][..32];
-        let w = rms_weights(xg);
+    for j in 0..N {
+        let xg = &x[G * j..][..G];
+        let w = weights(xg);
         let (s, m) = make_qkx2_quants(
             nmax,
             xg,
             &w,
-            &mut l[32 * j..][..32],
+            &mut l[G * j..][..G],
             rmin,
             0.1,
             nstep,
-            false,
+            use_mad,
         );
         scales[j] = s;
         mins[j] = m;
@@ -196,6 +195,46 @@ fn k4_fit(
             max_min = m;
         }
     }
+    (scales, mins, max_scale, max_min)
+}
+
+/// The second pass of Q2_K, Q4_K and Q5_K: requantizes each group of `G`
+/// elements against its stored scale `d * sc` and min `dmin * m`
+/// (`scale_min(j)` is group j's (sc, m)) to L in 0..=nmax; a group whose
+/// scale is 0 keeps the L of the first pass.
+fn requantize_groups<const G: usize>(
+    x: &[f32; QK_K],
+    l: &mut [u8; QK_K],
+    d: [u8; 2],
+    dmin: [u8; 2],
+    nmax: i32,
+    scale_min: impl Fn(usize) -> (u8, u8),
+) {
+    for j in 0..QK_K / G {
+        let (sc, m) = scale_min(j);
+        let dl = f16_to_f32(d) * sc as f32;
+        if dl == 0.0 {
+            continue;
+        }
+        let dm = f16_to_f32(dmin) * m as f32;
+        for i in G * j..G * (j + 1) {
+            l[i] = nearest_int((x[i] + dm) / dl).clamp(0, nmax) as u8;
+        }
+    }
+}
+
+/// Shared by Q4_K and Q5_K: fits eight groups of 32, quantizes their scales
+/// and mins to 6 bits, then requantizes every element against those.
+/// Returns (d, dmin, packed scales, L in 0..=nmax).
+fn k4_fit(
+    x: &[f32; QK_K],
+    nmax: i32,
+    rmin: f32,
+    nstep: i32,
+) -> ([u8; 2], [u8; 2], [u8; 12], [u8; QK_K]) {
+    let mut l = [0u8; QK_K];
+    let (scales, mins, max_scale, max_min) =
+        fit_groups::<8, 32>(x, &mut l, rms_weights, nmax, rmin, nstep, false);
     let inv_scale = if max_scale > 0.0 {
         63.0 / max_scale
     } else {
@@ -218,17 +257,7 @@ fn k4_fit(
     }
     let d = f32_to_f16(max_scale / 63.0);
     let dmin = f32_to_f16(max_min / 63.0);
-    for j in 0..8 {
-        let (sc, m) = scale_min_k4(j, &packed);
-        let dl = f16_to_f32(d) * sc as f32;
-        if dl == 0.0 {
-            continue;
-        }
-        let dm = f16_to_f32(dmin) * m as f32;
-        for i in 32 * j..32 * (j + 1) {
-            l[i] = nearest_int((x[i] + dm) / dl).clamp(0, nmax) as u8;
-        }
-    }
+    requantize_groups::<32>(x, &mut l, d, dmin, nmax, |j| scale_min_k4(j, &packed));
     (d, dmin, packed, l)
 }
 
@@ -322,23 +351,9 @@ pub(crate) fn q6_k(x: &[f32; QK_K]) -> [u8; BlockQ6K::BYTES] {
 pub(crate) fn q2_k(x: &[f32; QK_K]) -> [u8; BlockQ2K::BYTES] {
     const Q4SCALE: f32 = 15.0;
     let mut l = [0u8; QK_K];
-    let mut scales = [0.0f32; 16];
-    let mut mins = [0.0f32; 16];
-    let mut max_scale = 0.0f32;
-    let mut max_min = 0.0f32;
-    for j in 0..16 {
-        let xg = &x[16 * j..][..16];
-        let w: [f32; 16] = std::array::from_fn(|i| xg[i].abs());
-        let (s, m) = make_qkx2_quants(3, xg, &w, &mut l[16 * j..][..16], -0.5, 0.1, 15, true);
-        scales[j] = s;
-        mins[j] = m;
-        if s > max_scale {
-            max_scale = s;
-        }
-        if m > max_min {
-            max_min = m;
-        }
-    }
+    let abs_weights = |xg: &[f32]| -> [f32; 16] { std::array::from_fn(|i| xg[i].abs()) };
+    let (scales, mins, max_scale, max_min) =
+        fit_groups::<16, 16>(x, &mut l, abs_weights, 3, -0.5, 15, true);
     let mut packed = [0u8; 16];
     let mut d = f32_to_f16(0.0);
     let mut dmin = f32_to_f16(0.0);
@@ -356,16 +371,7 @@ pub(crate) fn q2_k(x: &[f32; QK_K]) -> [u8; BlockQ2K::BYTES] {
         }
         dmin = f32_to_f16(max_min / Q4SCALE);
     }
-    for (j, &sc) in packed.iter().enumerate() {
-        let dl = f16_to_f32(d) * (sc & 0xF) as f32;
-        if dl == 0.0 {
-            continue;
-        }
-        let dm = f16_to_f32(dmin) * (sc >> 4) as f32;
-        for i in 16 * j..16 * (j + 1) {
-            l[i] = nearest_int((x[i] + dm) / dl).clamp(0, 3) as u8;
-        }
-    }
+    requantize_groups::<16>(x, &mut l, d, dmin, 3, |j| (packed[j] & 0xF, packed[j] >> 4));
     let mut qs = [0u8; 64];
     for half in 0..2 {
         for i in 0..32 {
@@ -383,14 +389,8 @@ pub(crate) fn q2_k(x: &[f32; QK_K]) -> [u8; BlockQ2K::BYTES] {
 }
 
 pub(crate) fn q8_k(x: &[f32; QK_K]) -> [u8; BlockQ8K::BYTES] {
-    let mut max = 0.0f32;
-    let mut amax = 0.0f32;
-    for &v in x {
-        if v.abs() > amax {
-            amax = v.abs();
-            max = v;
-        }
-    }
+    let max = signed_absmax(x);
+    let amax = max.abs();
     if amax == 0.0 {
         // ggml leaves bsums untouched here; zero them so the block is
         // deterministic.

@@ -8,6 +8,11 @@
 //!   negative log-likelihood of token `j+1` under `softmax(logits[j])`
 //!   (`n_ctx/2 - 1` tokens per chunk), with the log-softmax in f64;
 //! - `PPL = exp(Σ NLL / count)`, also reported after every chunk.
+//!
+//! As in llama.cpp, the text must hold at least `2 * n_ctx` tokens (its
+//! `you need at least 2*n_ctx tokens` check, made before `--chunks` caps
+//! the count), so a cap of one chunk is allowed:
+//! [`Session::perplexity_with`] takes that cap and a per-chunk callback.
 
 use kiln_model::Backend;
 
@@ -56,9 +61,11 @@ impl NllAccumulator {
         self.sum2 += nll * nll;
         self.count += 1;
     }
-    pub(crate) fn end_chunk(&mut self) {
-        self.running
-            .push((self.sum / self.count.max(1) as f64).exp());
+    /// Records the running perplexity after a chunk and returns it.
+    pub(crate) fn end_chunk(&mut self) -> f64 {
+        let ppl = (self.sum / self.count.max(1) as f64).exp();
+        self.running.push(ppl);
+        ppl
     }
     pub(crate) fn finish(self, n_ctx: usize) -> PerplexityResult {
         let n = self.count.max(1) as f64;

@@ -212,6 +212,45 @@ fn perplexity_scores_the_second_half_of_each_chunk() {
     assert!((r.ppl - want).abs() < 1e-6 * want, "{} vs {want}", r.ppl);
 }
 
+/// The per-chunk callback sees every running PPL in order; a cap of one
+/// chunk is allowed once the text holds 2 chunks (llama.cpp's rule).
+#[test]
+fn perplexity_with_reports_each_chunk_and_caps_the_count() {
+    let mut s = session(SessionOptions::default());
+    let toks: Vec<u32> = (0..100).map(|i| 2 + (i * 13) % 700).collect();
+    let mut seen = Vec::new();
+    let r = s
+        .perplexity_with(&toks, 32, None, |k, n, p| seen.push((k, n, p)))
+        .unwrap();
+    assert_eq!(r.n_chunks, 3);
+    let want: Vec<_> = (0..3).map(|k| (k, 3, r.running_ppl[k])).collect();
+    assert_eq!(seen, want);
+    assert_eq!(s.perplexity(&toks, 32).unwrap(), r);
+
+    seen.clear();
+    let one = s
+        .perplexity_with(&toks, 32, Some(1), |k, n, p| seen.push((k, n, p)))
+        .unwrap();
+    assert_eq!((one.n_chunks, one.n_scored), (1, 15));
+    assert_eq!(one.running_ppl, r.running_ppl[..1]);
+    assert_eq!(seen, [(0, 1, one.ppl)]);
+    // A cap above the text's chunks scores them all.
+    let all = s.perplexity_with(&toks, 32, Some(9), |_, _, _| {}).unwrap();
+    assert_eq!(all, r);
+    // The 2-chunk minimum holds whatever the cap; a cap of 0 is refused.
+    assert!(matches!(
+        s.perplexity_with(&toks[..63], 32, Some(1), |_, _, _| {}),
+        Err(RuntimeError::InvalidOption { name: "n_ctx", .. })
+    ));
+    assert!(matches!(
+        s.perplexity_with(&toks, 32, Some(0), |_, _, _| {}),
+        Err(RuntimeError::InvalidOption {
+            name: "max_chunks",
+            ..
+        })
+    ));
+}
+
 #[test]
 fn diverging_prompt_rewinds_to_the_common_prefix() {
     let mut s = session(SessionOptions::default());

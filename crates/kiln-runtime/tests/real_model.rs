@@ -4,9 +4,12 @@
 //!
 //! Runtimes (2 cores, scalar kernels) are noted per test.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Instant;
 
+use common::max_abs_diff;
 use kiln_cpu::CpuBackend;
 use kiln_gguf::Gguf;
 use kiln_model::{Model, Output};
@@ -40,14 +43,6 @@ fn argmax(row: &[f32]) -> u32 {
         }
     }
     best as u32
-}
-
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
 }
 
 /// Feeds prompt + llama.cpp's generated ids in one prefill (logits only

@@ -2,8 +2,11 @@
 //! and hidden states from transformers) and on the real Gemma 3 270M
 //! (llama.cpp greedy reference ids).
 
+mod common;
+
 use std::ops::ControlFlow;
 
+use common::max_abs_diff;
 use kiln_runtime::{
     ChatMessage, FinishReason, Prompt, RuntimeError, SamplingParams, Session, SessionOptions,
     Truncation,
@@ -54,14 +57,6 @@ fn generate_ids(s: &mut Session, prompt: &[u32], params: &SamplingParams) -> Vec
     s.generate(prompt, params, |_| ControlFlow::Continue(()))
         .unwrap()
         .tokens
-}
-
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
 }
 
 #[test]

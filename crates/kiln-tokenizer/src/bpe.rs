@@ -2,15 +2,16 @@
 //! pre-tokenizer): spaces become `▁`, the text is split into runs of
 //! newlines and runs of everything else, and within each run the adjacent
 //! pair with the lowest merge rank is merged (ties: leftmost) until none
-//! is left. Symbols that are not tokens become `<0xXX>` byte tokens.
+//! is left. Symbols that are not tokens become `<0xXX>` byte tokens (the
+//! merge loop is [`crate::merge`], shared with SentencePiece).
 //!
 //! The splitter is a single linear pass (llama.cpp's std::regex version
 //! overflowed the stack on long lines, PR #21587).
 
-use std::cmp::Ordering;
-use std::collections::BinaryHeap;
+use std::cmp::Reverse;
 
-use crate::spm::{escape_spaces, split_chars, Symbol};
+use crate::merge::Merger;
+use crate::spm::escape_spaces;
 use crate::vocab::merge_key_into;
 use crate::Tokenizer;
 
@@ -80,39 +81,13 @@ fn reencode_lossy(text: &[u8]) -> Vec<u8> {
     out
 }
 
-struct Bigram {
-    rank: u32,
-    left: i32,
-    right: i32,
-    size: u32,
-}
-
-impl PartialEq for Bigram {
-    fn eq(&self, other: &Self) -> bool {
-        self.cmp(other) == Ordering::Equal
-    }
-}
-impl Eq for Bigram {}
-impl PartialOrd for Bigram {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for Bigram {
-    /// Max-heap: lowest rank first, then the leftmost pair.
-    fn cmp(&self, other: &Self) -> Ordering {
-        other.rank.cmp(&self.rank).then(other.left.cmp(&self.left))
-    }
-}
-
 /// Tokenize one raw fragment, appending ids to `out`.
 pub(crate) fn encode(tok: &Tokenizer, raw: &[u8], out: &mut Vec<u32>) {
     let mut escaped = Vec::with_capacity(raw.len() + 8);
     escape_spaces(raw, &mut escaped);
     let text = reencode_lossy(&escaped);
 
-    let mut symbols: Vec<Symbol> = Vec::new();
-    let mut heap: BinaryHeap<Bigram> = BinaryHeap::new();
+    let mut merger = Merger::new();
     let mut key = Vec::new();
     let mut start = 0usize;
     while start < text.len() {
@@ -121,87 +96,24 @@ pub(crate) fn encode(tok: &Tokenizer, raw: &[u8], out: &mut Vec<u32>) {
             .iter()
             .position(|&b| (b == b'\n') != nl)
             .map_or(text.len(), |p| start + p);
-        encode_word(
-            tok,
-            &text[start..end],
-            nl,
-            &mut symbols,
-            &mut heap,
-            &mut key,
-            out,
-        );
-        start = end;
-    }
-}
-
-fn encode_word(
-    tok: &Tokenizer,
-    word: &[u8],
-    newlines: bool,
-    symbols: &mut Vec<Symbol>,
-    heap: &mut BinaryHeap<Bigram>,
-    key: &mut Vec<u8>,
-    out: &mut Vec<u32>,
-) {
-    // A run of newlines that is itself a token ("\n\n" = 108) is kept
-    // whole (llama.cpp PR #21343).
-    if newlines {
-        if let Some(id) = tok.lookup(word) {
-            out.push(id);
-            return;
-        }
-    }
-    split_chars(word, symbols);
-    heap.clear();
-
-    let try_add = |symbols: &[Symbol],
-                   heap: &mut BinaryHeap<Bigram>,
-                   key: &mut Vec<u8>,
-                   left: i32,
-                   right: i32| {
-        if left < 0 || right < 0 {
-            return;
-        }
-        let (l, r) = (symbols[left as usize], symbols[right as usize]);
-        let (ls, rs) = (l.start as usize, r.start as usize);
-        merge_key_into(
-            key,
-            &word[ls..ls + l.len as usize],
-            &word[rs..rs + r.len as usize],
-        );
-        if let Some(rank) = tok.merge_rank(key) {
-            heap.push(Bigram {
-                rank,
-                left,
-                right,
-                size: l.len + r.len,
-            });
-        }
-    };
-
-    for i in 1..symbols.len() as i32 {
-        try_add(symbols, heap, key, i - 1, i);
-    }
-    while let Some(b) = heap.pop() {
-        let (l, r) = (symbols[b.left as usize], symbols[b.right as usize]);
-        if l.len == 0 || r.len == 0 || l.len + r.len != b.size {
-            continue;
-        }
-        symbols[b.left as usize].len += r.len;
-        symbols[b.right as usize].len = 0;
-        symbols[b.left as usize].next = r.next;
-        if r.next >= 0 {
-            symbols[r.next as usize].prev = b.left;
-        }
-        try_add(symbols, heap, key, l.prev, b.left);
-        try_add(symbols, heap, key, b.left, r.next);
-    }
-
-    for s in symbols.iter().filter(|s| s.len > 0) {
-        let piece = &word[s.start as usize..(s.start + s.len) as usize];
-        match tok.lookup(piece) {
+        let word = &text[start..end];
+        // A run of newlines that is itself a token ("\n\n" = 108) is kept
+        // whole (llama.cpp PR #21343).
+        let whole = if nl { tok.lookup(word) } else { None };
+        match whole {
             Some(id) => out.push(id),
-            None => tok.push_bytes(piece, out),
+            // The merge priority: the pair's rank, lowest first.
+            None => merger.encode(
+                tok,
+                word,
+                |pair, left_len| {
+                    let (l, r) = pair.split_at(left_len);
+                    merge_key_into(&mut key, l, r);
+                    tok.merge_rank(&key).map(Reverse)
+                },
+                out,
+            ),
         }
+        start = end;
     }
 }

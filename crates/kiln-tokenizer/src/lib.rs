@@ -17,6 +17,7 @@
 mod bpe;
 mod decode;
 mod error;
+mod merge;
 mod special;
 mod spm;
 mod vocab;

@@ -1,12 +1,11 @@
 //! `kiln chat`: a multi-turn conversation on stdin.
 
 use std::io::{BufRead, IsTerminal, Write};
-use std::ops::ControlFlow;
 
 use anyhow::{bail, Context, Result};
 use kiln_runtime::ChatMessage;
 
-use super::common::{check_params, encode, ModelArgs, SamplingArgs, ENV_HELP};
+use super::common::{check_params, encode, generate_streaming, ModelArgs, SamplingArgs, ENV_HELP};
 
 /// Chat with the model: one user message per stdin line.
 ///
@@ -108,17 +107,7 @@ pub fn run(a: Args) -> Result<()> {
             );
             continue;
         }
-        let mut write_err = None;
-        let gen = session.generate(&ids, &params, |ev| {
-            if let Err(e) = out.write_all(ev.text.as_bytes()).and_then(|()| out.flush()) {
-                write_err = Some(e);
-                return ControlFlow::Break(());
-            }
-            ControlFlow::Continue(())
-        })?;
-        if let Some(e) = write_err {
-            return Err(e.into());
-        }
+        let gen = generate_streaming(&mut session, &ids, &params, Some(&mut out))?;
         writeln!(out)?;
         out.flush()?;
         if a.verbose {

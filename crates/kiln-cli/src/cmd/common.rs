@@ -2,14 +2,15 @@
 //! `chat`, `logits`, `perplexity`, `bench`): loading a session, reading a
 //! prompt, sampling flags, progress on stderr.
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
+use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use kiln_runtime::{
-    FinishReason, RuntimeError, SamplingParams, Session, SessionOptions, Truncation,
+    FinishReason, Generation, RuntimeError, SamplingParams, Session, SessionOptions, Truncation,
 };
 
 use crate::model_path;
@@ -283,6 +284,31 @@ pub fn check_params(p: &SamplingParams, session: &Session) -> Result<()> {
         bail!("--logit-bias token id {id} is out of the vocabulary (size {vocab})");
     }
     Ok(())
+}
+
+/// Generates from `ids`, writing each piece of text to `out` (when given)
+/// and flushing it as it arrives. A failed write stops the generation and
+/// is the error returned.
+pub fn generate_streaming(
+    session: &mut Session,
+    ids: &[u32],
+    params: &SamplingParams,
+    mut out: Option<&mut dyn Write>,
+) -> Result<Generation> {
+    let mut write_err = None;
+    let gen = session.generate(ids, params, |ev| {
+        if let Some(out) = out.as_mut().filter(|_| !ev.text.is_empty()) {
+            if let Err(e) = out.write_all(ev.text.as_bytes()).and_then(|()| out.flush()) {
+                write_err = Some(e);
+                return ControlFlow::Break(());
+            }
+        }
+        ControlFlow::Continue(())
+    })?;
+    match write_err {
+        Some(e) => Err(e.into()),
+        None => Ok(gen),
+    }
 }
 
 /// The flag that sets a [`SamplingParams`] field.

@@ -1,15 +1,14 @@
 //! `kiln run`: generate a continuation of one prompt, streaming it.
 
 use std::io::Write;
-use std::ops::ControlFlow;
 
 use anyhow::{bail, Result};
 use kiln_runtime::ChatMessage;
 use serde::Serialize;
 
 use super::common::{
-    check_fits, check_ids, check_params, effective_prompt, encode, finish_name, ModelArgs,
-    PromptArgs, SamplingArgs, ENV_HELP,
+    check_fits, check_ids, check_params, effective_prompt, encode, finish_name, generate_streaming,
+    ModelArgs, PromptArgs, SamplingArgs, ENV_HELP,
 };
 
 /// The prompt used when none is given.
@@ -113,20 +112,8 @@ pub fn run(a: Args) -> Result<()> {
     check_fits(&session, ids.len(), Some(a.truncate))?;
 
     let mut out = std::io::stdout().lock();
-    let mut write_err = None;
-    let stream = !a.json;
-    let gen = session.generate(&ids, &params, |ev| {
-        if stream && !ev.text.is_empty() {
-            if let Err(e) = out.write_all(ev.text.as_bytes()).and_then(|()| out.flush()) {
-                write_err = Some(e);
-                return ControlFlow::Break(());
-            }
-        }
-        ControlFlow::Continue(())
-    })?;
-    if let Some(e) = write_err {
-        return Err(e.into());
-    }
+    let stream: Option<&mut dyn Write> = if a.json { None } else { Some(&mut out) };
+    let gen = generate_streaming(&mut session, &ids, &params, stream)?;
     let st = &gen.stats;
     let prompt_ids = effective_prompt(&session, &ids, st.prompt_tokens);
     if a.json {

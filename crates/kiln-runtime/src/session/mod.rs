@@ -302,6 +302,30 @@ impl<B: Backend> Session<B> {
     /// Perplexity of `tokens` with chunks of `n_ctx` tokens, computed as
     /// llama.cpp's `llama-perplexity` does (see [`crate::perplexity`]).
     pub fn perplexity(&mut self, tokens: &[u32], n_ctx: usize) -> Result<PerplexityResult> {
+        self.perplexity_with(tokens, n_ctx, None, |_, _, _| {})
+    }
+
+    /// [`Session::perplexity`] over at most `max_chunks` chunks (None: all,
+    /// as llama-perplexity's `--chunks`), calling
+    /// `on_chunk(chunk, n_chunks, running_ppl)` after each chunk is scored,
+    /// with `chunk` counted from 0 and `running_ppl` the perplexity over
+    /// chunks `0..=chunk` (llama.cpp's `[chunk+1]running_ppl`).
+    ///
+    /// As in llama.cpp, `tokens` must hold at least `2 * n_ctx` tokens
+    /// whatever `max_chunks` is; `max_chunks` only stops the scoring early.
+    pub fn perplexity_with(
+        &mut self,
+        tokens: &[u32],
+        n_ctx: usize,
+        max_chunks: Option<usize>,
+        mut on_chunk: impl FnMut(usize, usize, f64),
+    ) -> Result<PerplexityResult> {
+        if max_chunks == Some(0) {
+            return Err(RuntimeError::InvalidOption {
+                name: "max_chunks",
+                reason: "0: perplexity needs at least 1 chunk".into(),
+            });
+        }
         if n_ctx < 4 || n_ctx > self.opts.max_context {
             return Err(RuntimeError::InvalidOption {
                 name: "n_ctx",
@@ -330,7 +354,8 @@ impl<B: Backend> Session<B> {
         let mut acc = NllAccumulator::default();
         let mut chunk = Vec::with_capacity(n_ctx);
         let mut rows = Vec::new();
-        for k in 0..tokens.len() / n_ctx {
+        let n_chunks = (tokens.len() / n_ctx).min(max_chunks.unwrap_or(usize::MAX));
+        for k in 0..n_chunks {
             chunk.clear();
             chunk.extend_from_slice(&tokens[k * n_ctx..(k + 1) * n_ctx]);
             if let Some(b) = bos {
@@ -358,7 +383,7 @@ impl<B: Backend> Session<B> {
                 }
                 a = b;
             }
-            acc.end_chunk();
+            on_chunk(k, n_chunks, acc.end_chunk());
         }
         Ok(acc.finish(n_ctx))
     }
