@@ -8,4 +8,5 @@ pub mod inspect;
 pub mod logits;
 pub mod perplexity;
 pub mod run;
+pub mod synth;
 pub mod tokenize;
