@@ -1,23 +1,26 @@
 //! CPU backend: weights stay packed (as mapped from the GGUF file) and are
-//! dequantized inside the kernels; activations are f32, accumulation f32,
-//! rayon-parallel over output rows.
+//! dequantized inside `kiln_kernels` (runtime ISA dispatch: this crate is
+//! built for baseline x86-64, so hot loops must live there); activations
+//! are f32, accumulation f32, split over output rows on a fork/join pool.
+
+mod attention;
+mod matmul;
+mod par;
 
 use std::cell::RefCell;
 use std::sync::Arc;
 
 use kiln_gguf::Gguf;
+pub use kiln_kernels::Isa;
 use kiln_model::{AttnParams, Backend, ModelError, PastKv, Result, RopeConfig};
 use kiln_quant::GgmlType;
-use rayon::prelude::*;
 
-/// Weight rows dequantized together into one f32 tile during prefill and
-/// reused for every token of the batch.
-const TILE_ROWS: usize = 16;
-/// Output rows per parallel task for a single token (decode).
-const DECODE_ROWS: usize = 64;
+use crate::par::Par;
+
+/// Elements below which an elementwise op is not worth a fork/join.
+const PAR_MIN_ELEMS: usize = 1 << 14;
 
 thread_local! {
-    static TILE: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     static ROPE_CS: RefCell<Vec<(f32, f32)>> = const { RefCell::new(Vec::new()) };
 }
 
@@ -41,49 +44,75 @@ impl CpuWeight {
     }
 }
 
-#[derive(Clone, Debug, Default)]
-pub struct CpuBackend;
+/// Settings of a [`CpuBackend`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CpuConfig {
+    /// Threads running the kernels, the caller included; 0 = one per
+    /// available core.
+    pub threads: usize,
+    /// Kernel instruction set; `None` = [`Isa::detect`] (the best this
+    /// CPU runs, lowered by `KILN_ISA`). Clamped to the CPU.
+    pub isa: Option<Isa>,
+}
+
+#[derive(Clone)]
+pub struct CpuBackend {
+    par: Arc<Par>,
+    isa: Isa,
+}
+
+impl std::fmt::Debug for CpuBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CpuBackend")
+            .field("threads", &self.par.threads())
+            .field("isa", &self.isa)
+            .finish()
+    }
+}
+
+impl Default for CpuBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
 
 impl CpuBackend {
     pub fn new() -> Self {
-        CpuBackend
+        Self::with_config(CpuConfig::default())
+    }
+
+    /// `threads` kernel threads (0 = one per core), detected ISA.
+    pub fn with_threads(threads: usize) -> Self {
+        Self::with_config(CpuConfig {
+            threads,
+            ..CpuConfig::default()
+        })
+    }
+
+    pub fn with_config(cfg: CpuConfig) -> Self {
+        let threads = match cfg.threads {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n,
+        };
+        let isa = cfg.isa.map_or_else(Isa::detect, |i| i.min(Isa::cpu_max()));
+        CpuBackend {
+            par: Arc::new(Par::new(threads)),
+            isa,
+        }
+    }
+
+    pub fn threads(&self) -> usize {
+        self.par.threads()
+    }
+
+    pub fn isa(&self) -> Isa {
+        self.isa
     }
 }
 
 fn dequant(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
     // Lengths and type were validated when the weight was bound.
     kiln_quant::dequantize(ty, src, dst).expect("validated packed row");
-}
-
-/// f32 dot product over eight independent lanes (vectorizable).
-#[inline]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let n = a.len().min(b.len());
-    let (a, b) = (&a[..n], &b[..n]);
-    let mut lanes = [0.0f32; 8];
-    let split = n / 8 * 8;
-    for (ca, cb) in a[..split].chunks_exact(8).zip(b[..split].chunks_exact(8)) {
-        for k in 0..8 {
-            lanes[k] += ca[k] * cb[k];
-        }
-    }
-    let mut tail = 0.0f32;
-    for (p, q) in a[split..].iter().zip(&b[split..]) {
-        tail += p * q;
-    }
-    reduce8(&lanes) + tail
-}
-
-/// Sum of eight lanes in the fixed order [`dot`] uses.
-#[inline]
-fn reduce8(l: &[f32; 8]) -> f32 {
-    ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7]))
-}
-
-#[inline]
-fn gelu_tanh(x: f32) -> f32 {
-    const C: f32 = 0.797_884_6; // sqrt(2/pi)
-    0.5 * x * (1.0 + (C * (x + 0.044_715 * x * x * x)).tanh())
 }
 
 fn check(what: &str, need: usize, have: usize) -> Result<()> {
@@ -93,80 +122,6 @@ fn check(what: &str, need: usize, have: usize) -> Result<()> {
         )));
     }
     Ok(())
-}
-
-impl CpuBackend {
-    /// `out[t*n_rows + r]` for a batch: each task dequantizes `TILE_ROWS`
-    /// weight rows once and multiplies them with every token.
-    fn matmul_batch(
-        &self,
-        w: &CpuWeight,
-        row0: usize,
-        n_rows: usize,
-        x: &[f32],
-        n_tok: usize,
-        out: &mut [f32],
-    ) {
-        let cols = w.cols;
-        let data = w.data();
-        // Transposed result [n_rows, n_tok] so tasks own contiguous chunks.
-        let mut tr = vec![0.0f32; n_rows * n_tok];
-        tr.par_chunks_mut(TILE_ROWS * n_tok)
-            .enumerate()
-            .for_each(|(ci, chunk)| {
-                let r_start = row0 + ci * TILE_ROWS;
-                let nr = chunk.len() / n_tok;
-                TILE.with(|t| {
-                    let mut tile = t.borrow_mut();
-                    tile.resize(TILE_ROWS * cols, 0.0);
-                    for j in 0..nr {
-                        let r = r_start + j;
-                        dequant(
-                            w.ty,
-                            &data[r * w.row_bytes..(r + 1) * w.row_bytes],
-                            &mut tile[j * cols..(j + 1) * cols],
-                        );
-                    }
-                    for t in 0..n_tok {
-                        let xr = &x[t * cols..(t + 1) * cols];
-                        for j in 0..nr {
-                            chunk[j * n_tok + t] = dot(&tile[j * cols..(j + 1) * cols], xr);
-                        }
-                    }
-                });
-            });
-        out[..n_tok * n_rows]
-            .par_chunks_mut(n_rows)
-            .enumerate()
-            .for_each(|(t, orow)| {
-                for (r, o) in orow.iter_mut().enumerate() {
-                    *o = tr[r * n_tok + t];
-                }
-            });
-    }
-
-    fn matmul_one(&self, w: &CpuWeight, row0: usize, n_rows: usize, x: &[f32], out: &mut [f32]) {
-        let cols = w.cols;
-        let data = w.data();
-        out[..n_rows]
-            .par_chunks_mut(DECODE_ROWS)
-            .enumerate()
-            .for_each(|(ci, chunk)| {
-                TILE.with(|t| {
-                    let mut row = t.borrow_mut();
-                    row.resize(cols, 0.0);
-                    for (j, o) in chunk.iter_mut().enumerate() {
-                        let r = row0 + ci * DECODE_ROWS + j;
-                        dequant(
-                            w.ty,
-                            &data[r * w.row_bytes..(r + 1) * w.row_bytes],
-                            &mut row,
-                        );
-                        *o = dot(&row, &x[..cols]);
-                    }
-                });
-            });
-    }
 }
 
 impl Backend for CpuBackend {
@@ -284,12 +239,7 @@ impl Backend for CpuBackend {
             n_tok * n_rows,
             out.len(),
         )?;
-        if n_tok == 1 {
-            self.matmul_one(w, row0, n_rows, x, out);
-        } else {
-            self.matmul_batch(w, row0, n_rows, x, n_tok, out);
-        }
-        Ok(())
+        matmul::matmul(&self.par, self.isa, w, row0, n_rows, x, n_tok, out, None)
     }
 
     fn rms_norm(
@@ -304,15 +254,24 @@ impl Backend for CpuBackend {
         if let Some(w) = w {
             check("rms_norm weight", dim, w.len())?;
         }
-        x[..n_groups * dim].par_chunks_mut(dim).for_each(|g| {
-            // Sum of squares in f64: residual rows reach |x| ~ 1e4 on Gemma 3.
-            let ss: f64 = g.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
-            let inv = (1.0 / (ss / dim as f64 + f64::from(eps)).sqrt()) as f32;
-            match w {
-                Some(w) => g.iter_mut().zip(w).for_each(|(v, &s)| *v = *v * inv * s),
-                None => g.iter_mut().for_each(|v| *v *= inv),
-            }
-        });
+        if dim == 0 {
+            return Ok(());
+        }
+        // Whole groups per task, enough of them to be worth a fork (a
+        // decode-sized call runs inline).
+        let per_task = PAR_MIN_ELEMS.div_ceil(dim) * dim;
+        self.par
+            .chunks_mut(&mut x[..n_groups * dim], per_task, |_, c| {
+                for g in c.chunks_mut(dim) {
+                    // Sum of squares in f64: residual rows reach |x| ~ 1e4 on Gemma 3.
+                    let ss: f64 = g.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+                    let inv = (1.0 / (ss / dim as f64 + f64::from(eps)).sqrt()) as f32;
+                    match w {
+                        Some(w) => g.iter_mut().zip(w).for_each(|(v, &s)| *v = *v * inv * s),
+                        None => g.iter_mut().for_each(|v| *v *= inv),
+                    }
+                }
+            });
         Ok(())
     }
 
@@ -342,27 +301,24 @@ impl Backend for CpuBackend {
                 }
             })
             .collect();
-        x[..n_tok * row]
-            .par_chunks_mut(row)
-            .enumerate()
-            .for_each(|(t, r)| {
-                let pos = (p0 + t) as f64;
-                ROPE_CS.with(|cs| {
-                    let mut cs = cs.borrow_mut();
-                    cs.clear();
-                    cs.extend(inv.iter().map(|&f| {
-                        let a = pos * f;
-                        (a.cos() as f32, a.sin() as f32)
-                    }));
-                    for h in r.chunks_mut(head_dim) {
-                        for (i, &(c, s)) in cs.iter().enumerate() {
-                            let (a, b) = (h[i], h[i + half]);
-                            h[i] = a * c - b * s;
-                            h[i + half] = a * s + b * c;
-                        }
+        self.par.chunks_mut(&mut x[..n_tok * row], row, |t, r| {
+            let pos = (p0 + t) as f64;
+            ROPE_CS.with(|cs| {
+                let mut cs = cs.borrow_mut();
+                cs.clear();
+                cs.extend(inv.iter().map(|&f| {
+                    let a = pos * f;
+                    (a.cos() as f32, a.sin() as f32)
+                }));
+                for h in r.chunks_mut(head_dim) {
+                    for (i, &(c, s)) in cs.iter().enumerate() {
+                        let (a, b) = (h[i], h[i + half]);
+                        h[i] = a * c - b * s;
+                        h[i + half] = a * s + b * c;
                     }
-                });
+                }
             });
+        });
         Ok(())
     }
 
@@ -391,66 +347,29 @@ impl Backend for CpuBackend {
                 )));
             }
         }
-        let group = p.n_head / p.n_kv_head;
-        out[..p.n_tok * qd]
-            .par_chunks_mut(hd)
-            .enumerate()
-            .for_each(|(idx, acc)| {
-                let (t, h) = (idx / p.n_head, idx % p.n_head);
-                let kvh = h / group;
-                let pos = p.p0 + t;
-                let lo = p.window.map_or(0, |w| (pos + 1).saturating_sub(w));
-                let qv = &q[t * qd + h * hd..t * qd + (h + 1) * hd];
-                acc.iter_mut().for_each(|a| *a = 0.0);
-                // Online softmax: running max m and normaliser l.
-                let mut m = f32::NEG_INFINITY;
-                let mut l = 0.0f32;
-                let mut visit = |k: &[f32], v: &[f32]| {
-                    let mut s = dot(qv, k) * p.scale;
-                    if let Some(c) = p.softcap {
-                        s = c * (s / c).tanh();
-                    }
-                    if s > m {
-                        let corr = (m - s).exp();
-                        l = l * corr + 1.0;
-                        for (a, &x) in acc.iter_mut().zip(v) {
-                            *a = *a * corr + x;
-                        }
-                        m = s;
-                    } else {
-                        let e = (s - m).exp();
-                        l += e;
-                        for (a, &x) in acc.iter_mut().zip(v) {
-                            *a += e * x;
-                        }
-                    }
-                };
-                if let Some(pk) = &past {
-                    for kp in lo.max(pk.start)..p.p0 {
-                        let off = (kp % pk.rows) * kvd + kvh * hd;
-                        visit(&pk.k[off..off + hd], &pk.v[off..off + hd]);
-                    }
-                }
-                for kp in lo.max(p.p0)..=pos {
-                    let off = (kp - p.p0) * kvd + kvh * hd;
-                    visit(&cur_k[off..off + hd], &cur_v[off..off + hd]);
-                }
-                let inv = 1.0 / l;
-                acc.iter_mut().for_each(|a| *a *= inv);
-            });
+        if p.n_kv_head == 0 || !p.n_head.is_multiple_of(p.n_kv_head) {
+            return Err(ModelError::Backend(format!(
+                "attention: {} heads do not group over {} KV heads",
+                p.n_head, p.n_kv_head
+            )));
+        }
+        let past = past.map(|pk| attention::Past {
+            k: pk.k,
+            v: pk.v,
+            start: pk.start,
+            rows: pk.rows,
+        });
+        attention::attention(&self.par, self.isa, q, cur_k, cur_v, past.as_ref(), p, out);
         Ok(())
     }
 
     fn gelu_mul(&self, gate: &mut Vec<f32>, up: &Vec<f32>, n: usize) -> Result<()> {
         check("gelu_mul", n, gate.len().min(up.len()))?;
-        gate[..n]
-            .par_chunks_mut(4096)
-            .zip(up[..n].par_chunks(4096))
-            .for_each(|(g, u)| {
-                for (a, &b) in g.iter_mut().zip(u) {
-                    *a = gelu_tanh(*a) * b;
-                }
-            });
+        let isa = self.isa;
+        const CHUNK: usize = PAR_MIN_ELEMS;
+        self.par.chunks_mut(&mut gate[..n], CHUNK, |i, g| {
+            kiln_kernels::gelu_mul(isa, g, &up[i * CHUNK..][..g.len()]);
+        });
         Ok(())
     }
 
@@ -506,73 +425,50 @@ impl Backend for CpuBackend {
 
     fn softcap(&self, x: &mut Vec<f32>, c: f32, n: usize) -> Result<()> {
         check("softcap", n, x.len())?;
-        x[..n].par_chunks_mut(4096).for_each(|ch| {
-            ch.iter_mut().for_each(|v| *v = c * (*v / c).tanh());
+        let isa = self.isa;
+        self.par.chunks_mut(&mut x[..n], PAR_MIN_ELEMS, |_, ch| {
+            kiln_kernels::softcap(isa, ch, c);
         });
         Ok(())
     }
 
+    fn lm_head(
+        &self,
+        w: &CpuWeight,
+        h: &Vec<f32>,
+        n_tok: usize,
+        softcap: Option<f32>,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        check(
+            &format!("lm_head {} input", w.name),
+            n_tok * w.cols,
+            h.len(),
+        )?;
+        check(
+            &format!("lm_head {} output", w.name),
+            n_tok * w.rows,
+            out.len(),
+        )?;
+        // Softcap fused per task, on outputs still in cache.
+        let isa = self.isa;
+        let cap = softcap.map(|c| move |y: &mut [f32]| kiln_kernels::softcap(isa, y, c));
+        let post = cap.as_ref().map(|f| f as &matmul::Post<'_>);
+        matmul::matmul(&self.par, isa, w, 0, w.rows, h, n_tok, out, post)
+    }
+
     fn argmax_head(&self, w: &CpuWeight, h: &Vec<f32>) -> Result<u32> {
         check("argmax_head", w.cols, h.len())?;
-        let cols = w.cols;
-        let data = w.data();
-        let n_chunks = w.rows.div_ceil(DECODE_ROWS * 4);
-        // Per chunk: the best finite logit and the first non-finite one (a
-        // NaN must be reported, not lost to `z > best` being false).
-        let (best, bad) = (0..n_chunks)
-            .into_par_iter()
-            .map(|ci| {
-                TILE.with(|t| {
-                    let mut row = t.borrow_mut();
-                    row.resize(cols, 0.0);
-                    let mut best = (f32::NEG_INFINITY, u32::MAX);
-                    let mut bad: Option<(u32, f32)> = None;
-                    let start = ci * DECODE_ROWS * 4;
-                    for r in start..(start + DECODE_ROWS * 4).min(w.rows) {
-                        dequant(
-                            w.ty,
-                            &data[r * w.row_bytes..(r + 1) * w.row_bytes],
-                            &mut row,
-                        );
-                        let z = dot(&row, &h[..cols]);
-                        if !z.is_finite() {
-                            bad = bad.or(Some((r as u32, z)));
-                        } else if z > best.0 {
-                            best = (z, r as u32);
-                        }
-                    }
-                    (best, bad)
-                })
-            })
-            .reduce(
-                || ((f32::NEG_INFINITY, u32::MAX), None),
-                |(a, abad), (b, bbad)| {
-                    let best = if b.0 > a.0 || (b.0 == a.0 && b.1 < a.1) {
-                        b
-                    } else {
-                        a
-                    };
-                    let bad = match (abad, bbad) {
-                        (Some(x), Some(y)) => Some(if y.0 < x.0 { y } else { x }),
-                        (x, y) => x.or(y),
-                    };
-                    (best, bad)
-                },
-            );
-        if let Some((token, value)) = bad {
+        let m = matmul::argmax(&self.par, self.isa, w, h)?;
+        // A NaN must be reported, not lost to `z > best` being false.
+        if let Some((token, value)) = m.non_finite {
             // The model fills in the position.
             return Err(ModelError::NonFiniteLogit {
                 pos: 0,
-                token,
+                token: token as u32,
                 value,
             });
         }
-        if best.1 == u32::MAX {
-            return Err(ModelError::Backend(format!(
-                "argmax over {}: no rows",
-                w.name
-            )));
-        }
-        Ok(best.1)
+        Ok(m.index as u32)
     }
 }

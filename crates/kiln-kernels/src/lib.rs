@@ -27,9 +27,16 @@
 //! it once per logit, which costs nothing next to the dot products.
 //!
 //! Threading is the caller's: split rows across threads by passing
-//! sub-slices of `w` (and of `y` for [`gemv`]); for [`gemm`] split tokens
-//! (each thread gets whole rows of `X` and `Y`). [`pool`] is a small
-//! fork/join pool for the per-token GEMVs.
+//! sub-slices of `w` (and of `y` for [`gemv`]); for [`gemm`] either split
+//! tokens (each thread gets whole rows of `X` and `Y`) or split rows into
+//! a per-thread output block with `ldy` = its row count and scatter it
+//! (`kiln-cpu` does the latter, so each weight byte is read once per
+//! batch). [`pool`] is a small fork/join pool for the per-token GEMVs.
+//!
+//! Also here, for attention and the elementwise hot loops of a CPU
+//! backend compiled without target features: [`dot_rows`] / [`axpy_rows`]
+//! (scores and weighted values over strided K/V rows, several query heads
+//! per row load), [`softmax_step`], [`softcap`] and [`gelu_mul`].
 
 use std::sync::OnceLock;
 
@@ -299,7 +306,7 @@ pub fn gemm(
 /// over the rows held by `w`; ties go to the lowest index and NaN dots
 /// never win (all-NaN rows give `(start_id, -inf)`). To merge the results
 /// of threads that split the rows, take the largest value, then the
-/// lowest index.
+/// lowest index. [`argmax_rows_checked`] also reports non-finite dots.
 pub fn argmax_rows(
     isa: Isa,
     ty: GgmlType,
@@ -309,6 +316,32 @@ pub fn argmax_rows(
     x: &[f32],
     start_id: usize,
 ) -> Result<(usize, f32), KernelError> {
+    argmax_rows_checked(isa, ty, w, row_bytes, k, x, start_id).map(|m| (m.index, m.value))
+}
+
+/// Result of [`argmax_rows_checked`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RowMax {
+    /// As [`argmax_rows`]: `+inf` can win, NaN never does.
+    pub index: usize,
+    pub value: f32,
+    /// The lowest index (offset by `start_id`) whose dot is NaN or
+    /// infinite, with that dot: a greedy head must report it rather than
+    /// return a token picked around it.
+    pub non_finite: Option<(usize, f32)>,
+}
+
+/// [`argmax_rows`] that also finds the first non-finite dot (one compare
+/// per row).
+pub fn argmax_rows_checked(
+    isa: Isa,
+    ty: GgmlType,
+    w: &[u8],
+    row_bytes: usize,
+    k: usize,
+    x: &[f32],
+    start_id: usize,
+) -> Result<RowMax, KernelError> {
     let packed = check_rows(ty, w, row_bytes, k, 0)?;
     check_x(x, k)?;
     let rows = rows_in(w, row_bytes, packed);
@@ -320,6 +353,7 @@ pub fn argmax_rows(
     const CHUNK: usize = 64;
     let mut buf = [0.0f32; CHUNK];
     let mut best = (start_id, f32::NEG_INFINITY);
+    let mut non_finite = None;
     for r0 in (0..rows).step_by(CHUNK) {
         let m = CHUNK.min(rows - r0);
         let end = (r0 + m - 1) * row_bytes + packed;
@@ -339,6 +373,142 @@ pub fn argmax_rows(
                 best = (start_id + r0 + i, v);
             }
         }
+        if non_finite.is_none() {
+            non_finite = ys
+                .iter()
+                .position(|v| !v.is_finite())
+                .map(|i| (start_id + r0 + i, ys[i]));
+        }
     }
-    Ok(best)
+    Ok(RowMax {
+        index: best.0,
+        value: best.1,
+        non_finite,
+    })
+}
+
+/// Checks the shapes of [`dot_rows`] / [`axpy_rows`]; returns `d`.
+fn check_row_op(
+    q_len: usize,
+    g: usize,
+    m: &[f32],
+    stride: usize,
+    n: usize,
+    per_head: usize,
+    other: usize,
+) -> Result<usize, KernelError> {
+    if g == 0 || !q_len.is_multiple_of(g) {
+        return Err(KernelError::Shape(format!(
+            "{q_len} query values do not split into {g} heads"
+        )));
+    }
+    let d = q_len / g;
+    let need = n.checked_sub(1).map_or(0, |j| j * stride + d);
+    if (n > 1 && stride < d) || m.len() < need || other < g * per_head {
+        return Err(KernelError::Shape(format!(
+            "{n} rows of {d} with stride {stride} in {} values, {g} heads, output {other}",
+            m.len()
+        )));
+    }
+    Ok(d)
+}
+
+/// Attention scores: `out[h * n + j] = dot(q[h*d..][..d], m[j*stride..][..d])`
+/// for `g` query vectors of `d = q.len() / g` values and `n` rows of `m`.
+/// Each row is loaded once for all `g` queries (the heads sharing a KV
+/// head), so a K cache is streamed once per group.
+#[allow(clippy::too_many_arguments)]
+pub fn dot_rows(
+    isa: Isa,
+    q: &[f32],
+    g: usize,
+    m: &[f32],
+    stride: usize,
+    n: usize,
+    out: &mut [f32],
+) -> Result<(), KernelError> {
+    let d = check_row_op(q.len(), g, m, stride, n, n, out.len())?;
+    #[cfg(target_arch = "x86_64")]
+    if x86::dot_rows(isa.min(Isa::cpu_max()), q, g, d, m, stride, n, out) {
+        return Ok(());
+    }
+    let _ = isa;
+    scalar::dot_rows(q, g, d, m, stride, n, out);
+    Ok(())
+}
+
+/// Attention values: `acc[h*d..][..d] += sum_j p[h * n + j] * m[j*stride..][..d]`
+/// for `h < g`, `d = acc.len() / g` (rows as in [`dot_rows`]).
+#[allow(clippy::too_many_arguments)]
+pub fn axpy_rows(
+    isa: Isa,
+    p: &[f32],
+    g: usize,
+    m: &[f32],
+    stride: usize,
+    n: usize,
+    acc: &mut [f32],
+) -> Result<(), KernelError> {
+    let d = check_row_op(acc.len(), g, m, stride, n, n, p.len())?;
+    #[cfg(target_arch = "x86_64")]
+    if x86::axpy_rows(isa.min(Isa::cpu_max()), p, g, d, m, stride, n, acc) {
+        return Ok(());
+    }
+    let _ = isa;
+    scalar::axpy_rows(p, g, d, m, stride, n, acc);
+    Ok(())
+}
+
+/// `x[i] = c * tanh(x[i] / c)` (the logit / score softcap). The SIMD
+/// levels use a rational `tanh` accurate to a few ulp; NaN stays NaN.
+pub fn softcap(isa: Isa, x: &mut [f32], c: f32) {
+    #[cfg(target_arch = "x86_64")]
+    if x86::softcap(isa.min(Isa::cpu_max()), x, c) {
+        return;
+    }
+    let _ = isa;
+    x.iter_mut().for_each(|v| *v = c * (*v / c).tanh());
+}
+
+/// `g[i] = gelu_tanh(g[i]) * u[i]` for `i < min(g.len(), u.len())`, with
+/// `gelu_tanh(x) = x/2 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)))`.
+pub fn gelu_mul(isa: Isa, g: &mut [f32], u: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if x86::gelu_mul(isa.min(Isa::cpu_max()), g, u) {
+        return;
+    }
+    let _ = isa;
+    let n = g.len().min(u.len());
+    for (a, &b) in g[..n].iter_mut().zip(&u[..n]) {
+        *a = scalar::gelu_tanh(*a) * b;
+    }
+}
+
+/// One online-softmax step over a block of raw attention scores:
+/// `x = scale * x`, then `x = cap * tanh(x / cap)` when capped,
+/// `mx = max(m, max x)`, `x = exp(x - mx)`; returns `(mx, sum x)`. A NaN
+/// score makes `mx` NaN (so it reaches the output). SIMD `exp` is about
+/// 2 ulp and flushes scores more than ~87 below the max to ~1e-38.
+pub fn softmax_step(isa: Isa, x: &mut [f32], scale: f32, cap: Option<f32>, m: f32) -> (f32, f32) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(r) = x86::softmax_step(isa.min(Isa::cpu_max()), x, scale, cap, m) {
+        return r;
+    }
+    let _ = isa;
+    let mut mx = m;
+    for v in x.iter_mut() {
+        *v *= scale;
+        if let Some(c) = cap {
+            *v = c * (*v / c).tanh();
+        }
+        if v.is_nan() || *v > mx {
+            mx = *v;
+        }
+    }
+    let mut sum = 0.0f32;
+    for v in x.iter_mut() {
+        *v = (*v - mx).exp();
+        sum += *v;
+    }
+    (mx, sum)
 }

@@ -42,6 +42,8 @@ struct Shared {
     wake: Condvar,
     shutdown: AtomicBool,
     panic: Mutex<Option<Box<dyn Any + Send>>>,
+    /// Held by the one `run` that owns the job slot.
+    busy: Mutex<()>,
 }
 
 #[derive(Clone, Copy)]
@@ -71,6 +73,7 @@ impl Pool {
             wake: Condvar::new(),
             shutdown: AtomicBool::new(false),
             panic: Mutex::new(None),
+            busy: Mutex::new(()),
         });
         let workers = (1..threads.max(1))
             .map(|i| {
@@ -92,9 +95,17 @@ impl Pool {
     /// Runs `f(0) .. f(n_tasks - 1)` across the pool and returns when all
     /// are done. Tasks are handed out dynamically, one index at a time.
     /// A panic in any task is re-raised here after all tasks finished.
+    /// There is one job slot: a `run` that finds it taken (another thread
+    /// sharing the pool, or a task calling `run`) runs its tasks inline.
     pub fn run<F: Fn(usize) + Sync>(&self, n_tasks: usize, f: F) {
         let sh = &*self.shared;
-        if self.workers.is_empty() || n_tasks <= 1 {
+        let guard = match sh.busy.try_lock() {
+            Ok(g) => Some(g),
+            // A panicking task poisons nothing the slot relies on.
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        };
+        if self.workers.is_empty() || n_tasks <= 1 || guard.is_none() {
             (0..n_tasks).for_each(f);
             return;
         }
@@ -236,6 +247,27 @@ mod tests {
             sum.fetch_add(i, Ordering::Relaxed);
         });
         assert_eq!(sum.into_inner(), 4950);
+    }
+
+    #[test]
+    fn concurrent_and_nested_runs_are_correct() {
+        let pool = Pool::new(2);
+        let sum = AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..3 {
+                s.spawn(|| {
+                    for _ in 0..200 {
+                        pool.run(8, |i| {
+                            pool.run(3, |j| {
+                                sum.fetch_add(i * j, Ordering::Relaxed);
+                            });
+                        });
+                    }
+                });
+            }
+        });
+        // sum_i sum_j i*j = 28 * 3 per run.
+        assert_eq!(sum.into_inner(), 3 * 200 * 28 * 3);
     }
 
     #[test]

@@ -65,3 +65,48 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     let tail: f32 = ar.iter().zip(br).map(|(p, q)| p * q).sum();
     lanes.iter().sum::<f32>() + tail
 }
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn dot_rows(
+    q: &[f32],
+    g: usize,
+    d: usize,
+    m: &[f32],
+    stride: usize,
+    n: usize,
+    out: &mut [f32],
+) {
+    for j in 0..n {
+        let row = &m[j * stride..][..d];
+        for h in 0..g {
+            out[h * n + j] = dot(&q[h * d..][..d], row);
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn axpy_rows(
+    p: &[f32],
+    g: usize,
+    d: usize,
+    m: &[f32],
+    stride: usize,
+    n: usize,
+    acc: &mut [f32],
+) {
+    for j in 0..n {
+        let row = &m[j * stride..][..d];
+        for h in 0..g {
+            let w = p[h * n + j];
+            for (a, &v) in acc[h * d..][..d].iter_mut().zip(row) {
+                *a += w * v;
+            }
+        }
+    }
+}
+
+/// GELU, tanh form.
+pub(crate) fn gelu_tanh(x: f32) -> f32 {
+    const C: f32 = 0.797_884_6; // sqrt(2/pi)
+    0.5 * x * (1.0 + (C * (x + 0.044_715 * x * x * x)).tanh())
+}

@@ -254,3 +254,159 @@ fn isa_names_round_trip_and_levels_are_clamped() {
         assert_eq!(Isa::force(isa).is_some(), isa <= Isa::cpu_max());
     }
 }
+
+/// Strided-row attention kernels against f64 sums, every ISA, odd shapes
+/// (row tails below one vector, several heads, padding between rows).
+#[test]
+fn dot_rows_and_axpy_rows_match_f64() {
+    let mut rng = Rng(7);
+    for isa in Isa::available() {
+        for (g, d, n, pad) in [
+            (1, 256, 37, 0),
+            (4, 256, 5, 256),
+            (3, 40, 9, 3),
+            (2, 7, 1, 0),
+        ] {
+            let stride = d + pad;
+            let q: Vec<f32> = (0..g * d).map(|_| rng.f()).collect();
+            let m: Vec<f32> = (0..(n - 1) * stride + d).map(|_| rng.f()).collect();
+            let mut out = vec![0.0f32; g * n];
+            kiln_kernels::dot_rows(isa, &q, g, &m, stride, n, &mut out).unwrap();
+            let mut acc0: Vec<f32> = (0..g * d).map(|_| rng.f()).collect();
+            let mut acc = acc0.clone();
+            kiln_kernels::axpy_rows(isa, &out, g, &m, stride, n, &mut acc).unwrap();
+            for h in 0..g {
+                for j in 0..n {
+                    let row = &m[j * stride..][..d];
+                    let (e, scale) = (0..d).fold((0.0f64, 0.0f64), |(e, s), i| {
+                        let p = f64::from(q[h * d + i]) * f64::from(row[i]);
+                        (e + p, s + p.abs())
+                    });
+                    let got = f64::from(out[h * n + j]);
+                    assert!((got - e).abs() <= TOL * scale, "{isa} dot g{g} d{d} n{n}");
+                }
+                for i in 0..d {
+                    let (e, scale) = (0..n).fold((f64::from(acc0[h * d + i]), 0.0), |(e, s), j| {
+                        let p = f64::from(out[h * n + j]) * f64::from(m[j * stride + i]);
+                        (e + p, s + p.abs())
+                    });
+                    let got = f64::from(acc[h * d + i]);
+                    assert!(
+                        (got - e).abs() <= TOL * (scale + e.abs()),
+                        "{isa} axpy g{g} d{d} n{n}"
+                    );
+                }
+            }
+            acc0.clear();
+        }
+        // Shapes are checked before any work.
+        let mut out = vec![0.0; 2];
+        assert!(kiln_kernels::dot_rows(isa, &[0.0; 8], 3, &[0.0; 8], 8, 1, &mut out).is_err());
+        assert!(kiln_kernels::dot_rows(isa, &[0.0; 8], 1, &[0.0; 8], 8, 2, &mut out).is_err());
+    }
+}
+
+/// SIMD tanh (softcap, GELU) against f64 over a wide range, plus NaN and
+/// infinities; lengths with a scalar tail.
+#[test]
+fn softcap_and_gelu_match_f64() {
+    let mut xs: Vec<f32> = (-40_000..=40_000).map(|i| i as f32 * 1e-3).collect();
+    xs.extend([
+        1e-30,
+        -1e-7,
+        3e-4,
+        50.0,
+        -1e4,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+    ]);
+    let u: Vec<f32> = xs.iter().map(|&x| 1.0 - 0.3 * x.sin()).collect();
+    for isa in Isa::available() {
+        for c in [30.0f32, 50.0, 1.5] {
+            let mut y = xs.clone();
+            kiln_kernels::softcap(isa, &mut y, c);
+            for (&x, &v) in xs.iter().zip(&y) {
+                let e = f64::from(c) * (f64::from(x) / f64::from(c)).tanh();
+                let err = (f64::from(v) - e).abs();
+                assert!(
+                    err <= 2e-6 * e.abs().max(1e-30),
+                    "{isa} softcap {c} at {x}: {v} vs {e}"
+                );
+            }
+        }
+        let mut g = xs.clone();
+        kiln_kernels::gelu_mul(isa, &mut g, &u);
+        for ((&x, &b), &v) in xs.iter().zip(&u).zip(&g) {
+            let x64 = f64::from(x);
+            if !x64.is_finite() {
+                continue;
+            }
+            let inner = 0.797_884_560_802_865_4 * (x64 + 0.044_715 * x64 * x64 * x64);
+            let e = 0.5 * x64 * (1.0 + inner.tanh()) * f64::from(b);
+            // Absolute term: `1 + tanh` cancels for negative x, so a tanh
+            // error of 4e-7 (a few ulp near -1) costs 0.5 |x u| 4e-7.
+            let err = (f64::from(v) - e).abs();
+            let bound = 2e-6 * e.abs() + 2e-7 * (x64 * f64::from(b)).abs();
+            assert!(err <= bound, "{isa} gelu at {x}: {v} vs {e}");
+        }
+        let mut nan = vec![f32::NAN; 19];
+        kiln_kernels::softcap(isa, &mut nan, 30.0);
+        assert!(
+            nan.iter().all(|v| v.is_nan()),
+            "{isa}: NaN must survive softcap"
+        );
+        let mut nan = vec![f32::NAN; 19];
+        kiln_kernels::gelu_mul(isa, &mut nan, &[1.0; 19]);
+        assert!(
+            nan.iter().all(|v| v.is_nan()),
+            "{isa}: NaN must survive gelu"
+        );
+    }
+}
+
+/// The fused softmax step against f64, capped and not, with a running
+/// max above and below the block's; NaN poisons the result.
+#[test]
+fn softmax_step_matches_f64() {
+    let mut rng = Rng(11);
+    for isa in Isa::available() {
+        for (n, cap, m) in [
+            (300, None, f32::NEG_INFINITY),
+            (37, Some(50.0), 3.0),
+            (5, None, 20.0),
+        ] {
+            let raw: Vec<f32> = (0..n).map(|_| 40.0 * rng.f()).collect();
+            let mut x = raw.clone();
+            let (mx, sum) = kiln_kernels::softmax_step(isa, &mut x, 0.125, cap, m);
+            let z: Vec<f64> = raw
+                .iter()
+                .map(|&v| {
+                    let v = f64::from(v) * 0.125;
+                    cap.map_or(v, |c: f32| f64::from(c) * (v / f64::from(c)).tanh())
+                })
+                .collect();
+            let want_mx = z.iter().copied().fold(f64::from(m), f64::max);
+            assert!(
+                (f64::from(mx) - want_mx).abs() <= 1e-5 * want_mx.abs().max(1.0),
+                "{isa} max"
+            );
+            let mut want_sum = 0.0;
+            for (&got, &zi) in x.iter().zip(&z) {
+                let e = (zi - want_mx).exp();
+                want_sum += e;
+                assert!(
+                    (f64::from(got) - e).abs() <= 1e-5 * e + 1e-30,
+                    "{isa} exp {got} vs {e}"
+                );
+            }
+            assert!(
+                (f64::from(sum) - want_sum).abs() <= 1e-5 * want_sum,
+                "{isa} sum"
+            );
+        }
+        let mut x = vec![1.0f32; 40];
+        x[33] = f32::NAN;
+        let (mx, _) = kiln_kernels::softmax_step(isa, &mut x, 1.0, None, 0.0);
+        assert!(mx.is_nan(), "{isa}: NaN must reach the max");
+    }
+}

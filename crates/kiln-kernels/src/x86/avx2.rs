@@ -7,6 +7,7 @@ use core::arch::x86_64::*;
 use kiln_quant::GgmlType;
 
 use super::kern::{self, GemmShape, Simd};
+use super::rows;
 
 /// Proof that the CPU has AVX2, FMA and F16C.
 #[derive(Clone, Copy)]
@@ -68,6 +69,31 @@ impl Simd for Avx2 {
     #[inline(always)]
     fn mul(self, a: __m256, b: __m256) -> __m256 {
         tf!(_mm256_mul_ps(a, b))
+    }
+    #[inline(always)]
+    fn div(self, a: __m256, b: __m256) -> __m256 {
+        tf!(_mm256_div_ps(a, b))
+    }
+    #[inline(always)]
+    fn min(self, a: __m256, b: __m256) -> __m256 {
+        tf!(_mm256_min_ps(a, b))
+    }
+    #[inline(always)]
+    fn max(self, a: __m256, b: __m256) -> __m256 {
+        tf!(_mm256_max_ps(a, b))
+    }
+    #[inline(always)]
+    fn round(self, a: __m256) -> __m256 {
+        tf!(_mm256_round_ps::<
+            { _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC },
+        >(a))
+    }
+    #[inline(always)]
+    fn pow2i(self, n: __m256) -> __m256 {
+        // The biased exponent, shifted into place.
+        tf!(_mm256_castsi256_ps(_mm256_slli_epi32::<23>(
+            _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127))
+        )))
     }
     #[inline(always)]
     fn hsum(self, v: __m256) -> f32 {
@@ -198,4 +224,72 @@ pub(super) unsafe fn gemm(
     // SAFETY: this function's contract.
     let s = unsafe { Avx2::new() };
     kern::gemm::<_, 4, 3>(s, ty, w, x, y, sh)
+}
+
+/// # Safety
+/// As [`gemv`].
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn dot_rows(
+    q: &[f32],
+    g: usize,
+    d: usize,
+    m: &[f32],
+    stride: usize,
+    n: usize,
+    out: &mut [f32],
+) {
+    // SAFETY: this function's contract.
+    let s = unsafe { Avx2::new() };
+    rows::dot_rows(s, q, g, d, m, stride, n, out)
+}
+
+/// # Safety
+/// As [`gemv`].
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn axpy_rows(
+    p: &[f32],
+    g: usize,
+    d: usize,
+    m: &[f32],
+    stride: usize,
+    n: usize,
+    acc: &mut [f32],
+) {
+    // SAFETY: this function's contract.
+    let s = unsafe { Avx2::new() };
+    rows::axpy_rows(s, p, g, d, m, stride, n, acc)
+}
+
+/// # Safety
+/// As [`gemv`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn softcap(x: &mut [f32], c: f32) {
+    // SAFETY: this function's contract.
+    let s = unsafe { Avx2::new() };
+    rows::softcap(s, x, c)
+}
+
+/// # Safety
+/// As [`gemv`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn gelu_mul(g: &mut [f32], u: &[f32]) {
+    // SAFETY: this function's contract.
+    let s = unsafe { Avx2::new() };
+    rows::gelu_mul(s, g, u)
+}
+
+/// # Safety
+/// As [`gemv`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn softmax_step(
+    x: &mut [f32],
+    scale: f32,
+    cap: Option<f32>,
+    m: f32,
+) -> (f32, f32) {
+    // SAFETY: this function's contract.
+    let s = unsafe { Avx2::new() };
+    rows::softmax_step(s, x, scale, cap, m)
 }

@@ -6,6 +6,7 @@ use core::arch::x86_64::*;
 use kiln_quant::GgmlType;
 
 use super::kern::{self, GemmShape, Simd};
+use super::rows;
 
 /// Proof that the CPU has AVX-512 F/BW/VL, AVX2, FMA and F16C.
 #[derive(Clone, Copy)]
@@ -61,6 +62,28 @@ impl Simd for Avx512 {
     #[inline(always)]
     fn mul(self, a: __m512, b: __m512) -> __m512 {
         tf!(_mm512_mul_ps(a, b))
+    }
+    #[inline(always)]
+    fn div(self, a: __m512, b: __m512) -> __m512 {
+        tf!(_mm512_div_ps(a, b))
+    }
+    #[inline(always)]
+    fn min(self, a: __m512, b: __m512) -> __m512 {
+        tf!(_mm512_min_ps(a, b))
+    }
+    #[inline(always)]
+    fn max(self, a: __m512, b: __m512) -> __m512 {
+        tf!(_mm512_max_ps(a, b))
+    }
+    #[inline(always)]
+    fn round(self, a: __m512) -> __m512 {
+        tf!(_mm512_roundscale_ps::<
+            { _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC },
+        >(a))
+    }
+    #[inline(always)]
+    fn pow2i(self, n: __m512) -> __m512 {
+        tf!(_mm512_scalef_ps(_mm512_set1_ps(1.0), n))
     }
     #[inline(always)]
     fn hsum(self, v: __m512) -> f32 {
@@ -193,4 +216,72 @@ pub(super) unsafe fn gemm(
     // SAFETY: this function's contract.
     let s = unsafe { Avx512::new() };
     kern::gemm::<_, 4, 6>(s, ty, w, x, y, sh)
+}
+
+/// # Safety
+/// As [`gemv`].
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+pub(super) unsafe fn dot_rows(
+    q: &[f32],
+    g: usize,
+    d: usize,
+    m: &[f32],
+    stride: usize,
+    n: usize,
+    out: &mut [f32],
+) {
+    // SAFETY: this function's contract.
+    let s = unsafe { Avx512::new() };
+    rows::dot_rows(s, q, g, d, m, stride, n, out)
+}
+
+/// # Safety
+/// As [`gemv`].
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+pub(super) unsafe fn axpy_rows(
+    p: &[f32],
+    g: usize,
+    d: usize,
+    m: &[f32],
+    stride: usize,
+    n: usize,
+    acc: &mut [f32],
+) {
+    // SAFETY: this function's contract.
+    let s = unsafe { Avx512::new() };
+    rows::axpy_rows(s, p, g, d, m, stride, n, acc)
+}
+
+/// # Safety
+/// As [`gemv`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+pub(super) unsafe fn softcap(x: &mut [f32], c: f32) {
+    // SAFETY: this function's contract.
+    let s = unsafe { Avx512::new() };
+    rows::softcap(s, x, c)
+}
+
+/// # Safety
+/// As [`gemv`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+pub(super) unsafe fn gelu_mul(g: &mut [f32], u: &[f32]) {
+    // SAFETY: this function's contract.
+    let s = unsafe { Avx512::new() };
+    rows::gelu_mul(s, g, u)
+}
+
+/// # Safety
+/// As [`gemv`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+pub(super) unsafe fn softmax_step(
+    x: &mut [f32],
+    scale: f32,
+    cap: Option<f32>,
+    m: f32,
+) -> (f32, f32) {
+    // SAFETY: this function's contract.
+    let s = unsafe { Avx512::new() };
+    rows::softmax_step(s, x, scale, cap, m)
 }

@@ -25,6 +25,14 @@ pub(super) trait Simd: Copy {
     fn fma(self, a: Self::F, b: Self::F, c: Self::F) -> Self::F;
     fn add(self, a: Self::F, b: Self::F) -> Self::F;
     fn mul(self, a: Self::F, b: Self::F) -> Self::F;
+    fn div(self, a: Self::F, b: Self::F) -> Self::F;
+    /// Lane-wise min / max (the second operand where either is NaN).
+    fn min(self, a: Self::F, b: Self::F) -> Self::F;
+    fn max(self, a: Self::F, b: Self::F) -> Self::F;
+    /// Round to nearest integer (ties to even).
+    fn round(self, a: Self::F) -> Self::F;
+    /// `2^n` for integral `n` in `-126..=127`.
+    fn pow2i(self, n: Self::F) -> Self::F;
     fn hsum(self, v: Self::F) -> f32;
     /// `[hsum(v[0]), .., hsum(v[3])]`, sharing the shuffles.
     fn hsum4(self, v: [Self::F; 4]) -> [f32; 4];

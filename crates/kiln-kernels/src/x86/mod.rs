@@ -6,6 +6,7 @@
 mod avx2;
 mod avx512;
 mod kern;
+mod rows;
 
 use kiln_quant::GgmlType;
 
@@ -64,5 +65,91 @@ pub(crate) fn gemm(
         Isa::Avx2 => unsafe { avx2::gemm(ty, w, x, y, &shape) },
         // SAFETY: as above, with AVX-512 F/BW/VL.
         Isa::Avx512 | Isa::Avx512Vnni => unsafe { avx512::gemm(ty, w, x, y, &shape) },
+    }
+}
+
+/// Strided-row f32 dots (see `crate::dot_rows`); `false` on `Isa::Scalar`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn dot_rows(
+    isa: Isa,
+    q: &[f32],
+    g: usize,
+    d: usize,
+    m: &[f32],
+    stride: usize,
+    n: usize,
+    out: &mut [f32],
+) -> bool {
+    match isa {
+        Isa::Scalar => return false,
+        // SAFETY: `isa` is at most `Isa::cpu_max()` (see `gemv`).
+        Isa::Avx2 => unsafe { avx2::dot_rows(q, g, d, m, stride, n, out) },
+        // SAFETY: as above.
+        Isa::Avx512 | Isa::Avx512Vnni => unsafe { avx512::dot_rows(q, g, d, m, stride, n, out) },
+    }
+    true
+}
+
+/// Weighted sums of strided f32 rows (see `crate::axpy_rows`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn axpy_rows(
+    isa: Isa,
+    p: &[f32],
+    g: usize,
+    d: usize,
+    m: &[f32],
+    stride: usize,
+    n: usize,
+    acc: &mut [f32],
+) -> bool {
+    match isa {
+        Isa::Scalar => return false,
+        // SAFETY: `isa` is at most `Isa::cpu_max()` (see `gemv`).
+        Isa::Avx2 => unsafe { avx2::axpy_rows(p, g, d, m, stride, n, acc) },
+        // SAFETY: as above.
+        Isa::Avx512 | Isa::Avx512Vnni => unsafe { avx512::axpy_rows(p, g, d, m, stride, n, acc) },
+    }
+    true
+}
+
+/// `x = c * tanh(x / c)`; `false` on `Isa::Scalar`.
+pub(crate) fn softcap(isa: Isa, x: &mut [f32], c: f32) -> bool {
+    match isa {
+        Isa::Scalar => return false,
+        // SAFETY: `isa` is at most `Isa::cpu_max()` (see `gemv`).
+        Isa::Avx2 => unsafe { avx2::softcap(x, c) },
+        // SAFETY: as above.
+        Isa::Avx512 | Isa::Avx512Vnni => unsafe { avx512::softcap(x, c) },
+    }
+    true
+}
+
+/// `g = gelu_tanh(g) * u`; `false` on `Isa::Scalar`.
+pub(crate) fn gelu_mul(isa: Isa, g: &mut [f32], u: &[f32]) -> bool {
+    match isa {
+        Isa::Scalar => return false,
+        // SAFETY: `isa` is at most `Isa::cpu_max()` (see `gemv`).
+        Isa::Avx2 => unsafe { avx2::gelu_mul(g, u) },
+        // SAFETY: as above.
+        Isa::Avx512 | Isa::Avx512Vnni => unsafe { avx512::gelu_mul(g, u) },
+    }
+    true
+}
+
+/// One online-softmax step (see `crate::softmax_step`); `None` on
+/// `Isa::Scalar`.
+pub(crate) fn softmax_step(
+    isa: Isa,
+    x: &mut [f32],
+    scale: f32,
+    cap: Option<f32>,
+    m: f32,
+) -> Option<(f32, f32)> {
+    match isa {
+        Isa::Scalar => None,
+        // SAFETY: `isa` is at most `Isa::cpu_max()` (see `gemv`).
+        Isa::Avx2 => Some(unsafe { avx2::softmax_step(x, scale, cap, m) }),
+        // SAFETY: as above.
+        Isa::Avx512 | Isa::Avx512Vnni => Some(unsafe { avx512::softmax_step(x, scale, cap, m) }),
     }
 }

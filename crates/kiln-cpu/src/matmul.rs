@@ -1,0 +1,160 @@
+//! Packed-weight products on `kiln_kernels`: decode rows through `gemv`,
+//! batches through `gemm`, both split by output rows across the pool, so
+//! every weight byte is read once per call.
+
+use std::cell::RefCell;
+
+use kiln_kernels::{Isa, RowMax};
+use kiln_model::{ModelError, Result};
+
+use crate::par::{Par, SendPtr};
+use crate::CpuWeight;
+
+/// Tasks per thread: dynamic hand-out evens out a noisy, shared machine.
+const TASKS_PER_THREAD: usize = 4;
+/// Tokens per `gemm` call inside a task: keeps the activation block in L2
+/// (64 tokens of 2048 f32 = 512 KiB) while the task's weight rows stay
+/// hot across blocks.
+const TOKEN_BLOCK: usize = 64;
+
+/// Applied to each task's finished outputs (the LM head's softcap).
+pub(crate) type Post<'a> = dyn Fn(&mut [f32]) + Sync + 'a;
+
+thread_local! {
+    /// Per-thread `gemm` output block, grown once.
+    static BLOCK: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+fn kernel_err(w: &CpuWeight, e: kiln_kernels::KernelError) -> ModelError {
+    ModelError::Backend(format!("{}: {e}", w.name))
+}
+
+/// Rows per task: about `TASKS_PER_THREAD` tasks per thread, at least
+/// `min`, a multiple of 16 (the GEMM micro-kernel's row tiles).
+fn rows_per_task(par: &Par, rows: usize, min: usize, max: usize) -> usize {
+    let want = rows.div_ceil(par.threads() * TASKS_PER_THREAD);
+    want.clamp(min, max).next_multiple_of(16)
+}
+
+/// Packed bytes of rows `r0..r0 + n` (the last row without padding).
+fn rows_bytes<'a>(w: &CpuWeight, data: &'a [u8], r0: usize, n: usize) -> &'a [u8] {
+    let packed = w.cols / w.ty.block_elems() * w.ty.block_bytes();
+    &data[r0 * w.row_bytes..(r0 + n - 1) * w.row_bytes + packed]
+}
+
+/// `out[t * n_rows + r] = post(dot(W[row0 + r], x[t]))`, `post` applied
+/// per task while the outputs are in cache (the LM head's softcap).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn matmul(
+    par: &Par,
+    isa: Isa,
+    w: &CpuWeight,
+    row0: usize,
+    n_rows: usize,
+    x: &[f32],
+    n_tok: usize,
+    out: &mut [f32],
+    post: Option<&Post<'_>>,
+) -> Result<()> {
+    if n_rows == 0 || n_tok == 0 {
+        return Ok(());
+    }
+    let data = w.data();
+    let cols = w.cols;
+    let err = std::sync::Mutex::new(None);
+    if n_tok == 1 {
+        let chunk = rows_per_task(par, n_rows, 16, 2048);
+        par.chunks_mut(&mut out[..n_rows], chunk, |i, y| {
+            let r0 = row0 + i * chunk;
+            let ws = rows_bytes(w, data, r0, y.len());
+            match kiln_kernels::gemv(isa, w.ty, ws, w.row_bytes, cols, &x[..cols], y) {
+                Ok(()) => {
+                    if let Some(f) = post {
+                        f(y);
+                    }
+                }
+                Err(e) => *err.lock().expect("error slot") = Some(e),
+            }
+        });
+    } else {
+        let chunk = rows_per_task(par, n_rows, 16, 256);
+        let dst = SendPtr(out.as_mut_ptr());
+        let tb = TOKEN_BLOCK.min(n_tok);
+        par.run(n_rows.div_ceil(chunk), |i| {
+            let c0 = i * chunk;
+            let nr = chunk.min(n_rows - c0);
+            let ws = rows_bytes(w, data, row0 + c0, nr);
+            BLOCK.with(|b| {
+                let mut buf = b.borrow_mut();
+                if buf.len() < tb * nr {
+                    buf.resize(tb * nr, 0.0);
+                }
+                for t0 in (0..n_tok).step_by(tb) {
+                    let nt = tb.min(n_tok - t0);
+                    let xs = &x[t0 * cols..(t0 + nt) * cols];
+                    let yb = &mut buf[..nt * nr];
+                    let r = kiln_kernels::gemm(isa, w.ty, ws, w.row_bytes, cols, xs, nt, yb, nr);
+                    if let Err(e) = r {
+                        *err.lock().expect("error slot") = Some(e);
+                        return;
+                    }
+                    if let Some(f) = post {
+                        f(yb);
+                    }
+                    for (t, src) in yb.chunks_exact(nr).enumerate() {
+                        // SAFETY: `out` holds `n_tok * n_rows` values
+                        // (checked by the caller) and this task alone
+                        // writes columns `c0..c0 + nr` of every token row.
+                        unsafe {
+                            let d = dst.get().add((t0 + t) * n_rows + c0);
+                            std::ptr::copy_nonoverlapping(src.as_ptr(), d, nr);
+                        }
+                    }
+                }
+            });
+        });
+    }
+    match err.into_inner().expect("error slot") {
+        Some(e) => Err(kernel_err(w, e)),
+        None => Ok(()),
+    }
+}
+
+/// Greedy LM head: the best row of `W · h` (ties: lowest id) and the
+/// lowest row whose logit is not finite, over row chunks in parallel.
+pub(crate) fn argmax(par: &Par, isa: Isa, w: &CpuWeight, h: &[f32]) -> Result<RowMax> {
+    let data = w.data();
+    let chunk = rows_per_task(par, w.rows, 256, 4096);
+    let n = w.rows.div_ceil(chunk);
+    let mut parts: Vec<Option<std::result::Result<RowMax, kiln_kernels::KernelError>>> =
+        vec![None; n];
+    par.chunks_mut(&mut parts, 1, |i, slot| {
+        let r0 = i * chunk;
+        let nr = chunk.min(w.rows - r0);
+        let ws = rows_bytes(w, data, r0, nr);
+        slot[0] = Some(kiln_kernels::argmax_rows_checked(
+            isa,
+            w.ty,
+            ws,
+            w.row_bytes,
+            w.cols,
+            &h[..w.cols],
+            r0,
+        ));
+    });
+    let mut best: Option<RowMax> = None;
+    // Chunks in row order: keeping the first of equal values and the first
+    // non-finite row gives the lowest ids.
+    for p in parts {
+        let m = p.expect("every chunk ran").map_err(|e| kernel_err(w, e))?;
+        best = Some(match best {
+            None => m,
+            Some(b) => RowMax {
+                index: if m.value > b.value { m.index } else { b.index },
+                value: if m.value > b.value { m.value } else { b.value },
+                non_finite: b.non_finite.or(m.non_finite),
+            },
+        });
+    }
+    best.ok_or_else(|| ModelError::Backend(format!("argmax over {}: no rows", w.name)))
+}
