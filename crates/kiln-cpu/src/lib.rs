@@ -459,7 +459,15 @@ impl Backend for CpuBackend {
 
     fn argmax_head(&self, w: &CpuWeight, h: &Vec<f32>) -> Result<u32> {
         check("argmax_head", w.cols, h.len())?;
-        let m = matmul::argmax(&self.par, self.isa, w, h)?;
+        let screened = if exact_argmax() {
+            None
+        } else {
+            matmul::argmax_screened(&self.par, self.isa, w, h)?
+        };
+        let m = match screened {
+            Some(m) => m,
+            None => matmul::argmax(&self.par, self.isa, w, h)?,
+        };
         // A NaN must be reported, not lost to `z > best` being false.
         if let Some((token, value)) = m.non_finite {
             // The model fills in the position.
@@ -471,4 +479,11 @@ impl Backend for CpuBackend {
         }
         Ok(m.index as u32)
     }
+}
+
+/// `KILN_EXACT_ARGMAX=1` skips the greedy head's integer screen (read once;
+/// the result is the same, this is for timing and triage).
+fn exact_argmax() -> bool {
+    static EXACT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *EXACT.get_or_init(|| std::env::var("KILN_EXACT_ARGMAX").is_ok_and(|v| v.trim() == "1"))
 }

@@ -23,6 +23,8 @@ pub(crate) type Post<'a> = dyn Fn(&mut [f32]) + Sync + 'a;
 thread_local! {
     /// Per-thread `gemm` output block, grown once.
     static BLOCK: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// Upper bounds of the greedy head's screen (one per vocab row).
+    static SCREEN_HI: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 fn kernel_err(w: &CpuWeight, e: kiln_kernels::KernelError) -> ModelError {
@@ -157,4 +159,69 @@ pub(crate) fn argmax(par: &Par, isa: Isa, w: &CpuWeight, h: &[f32]) -> Result<Ro
         });
     }
     best.ok_or_else(|| ModelError::Backend(format!("argmax over {}: no rows", w.name)))
+}
+
+/// Exact greedy head through the integer screen (`kiln_kernels::ScreenX`):
+/// one int8 pass over every row bounds each logit, then only rows that can
+/// reach the best lower bound are re-scored with the same `gemv` as
+/// [`argmax`], so the pick is identical. `None` when the screen does not
+/// apply (type, non-finite `h` or bounds): the caller runs [`argmax`].
+pub(crate) fn argmax_screened(
+    par: &Par,
+    isa: Isa,
+    w: &CpuWeight,
+    h: &[f32],
+) -> Result<Option<RowMax>> {
+    if !kiln_kernels::can_screen(w.ty) || w.rows == 0 {
+        return Ok(None);
+    }
+    let x = &h[..w.cols];
+    let Some(sx) = kiln_kernels::ScreenX::new(x) else {
+        return Ok(None);
+    };
+    let data = w.data();
+    let chunk = rows_per_task(par, w.rows, 256, 4096);
+    let n = w.rows.div_ceil(chunk);
+    SCREEN_HI.with(|b| {
+        let mut hi = b.borrow_mut();
+        hi.resize(w.rows, 0.0);
+        let mut parts: Vec<Option<std::result::Result<f32, kiln_kernels::KernelError>>> =
+            vec![None; n];
+        let parts_ptr = SendPtr(parts.as_mut_ptr());
+        par.chunks_mut(&mut hi[..], chunk, |i, hs| {
+            let ws = rows_bytes(w, data, i * chunk, hs.len());
+            let r = kiln_kernels::screen_rows(isa, w.ty, ws, w.row_bytes, &sx, hs);
+            // SAFETY: `chunks_mut` hands out each chunk index once and
+            // `parts` has one slot per chunk.
+            unsafe { *parts_ptr.get().add(i) = Some(r) };
+        });
+        let mut floor = f32::NEG_INFINITY;
+        for p in parts {
+            let m = p.expect("every chunk ran").map_err(|e| kernel_err(w, e))?;
+            if m.is_nan() {
+                return Ok(None);
+            }
+            floor = floor.max(m);
+        }
+        let mut best: Option<(usize, f32)> = None;
+        let mut y = [0.0f32];
+        for (r, _) in hi.iter().enumerate().filter(|&(_, &v)| v >= floor) {
+            let ws = rows_bytes(w, data, r, 1);
+            kiln_kernels::gemv(isa, w.ty, ws, w.row_bytes, w.cols, x, &mut y)
+                .map_err(|e| kernel_err(w, e))?;
+            if !y[0].is_finite() {
+                // The exact path reports the lowest such row.
+                return Ok(None);
+            }
+            // Ascending rows: `>` keeps the lowest id of equal logits.
+            if best.is_none_or(|(_, v)| y[0] > v) {
+                best = Some((r, y[0]));
+            }
+        }
+        Ok(best.map(|(index, value)| RowMax {
+            index,
+            value,
+            non_finite: None,
+        }))
+    })
 }

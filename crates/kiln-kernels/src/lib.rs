@@ -42,8 +42,11 @@ use std::sync::OnceLock;
 
 use kiln_quant::GgmlType;
 
+pub use screen::ScreenX;
+
 pub mod pool;
 mod scalar;
+mod screen;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
@@ -385,6 +388,41 @@ pub fn argmax_rows_checked(
         value: best.1,
         non_finite,
     })
+}
+
+/// Whether [`screen_rows`] handles `ty` (the greedy head's integer
+/// screen; see [`ScreenX`]).
+pub fn can_screen(ty: GgmlType) -> bool {
+    ty == GgmlType::Q8_0
+}
+
+/// Screens the `hi.len()` rows starting at `w[0]` for an exact argmax:
+/// `hi[r]` is an upper bound on `dot(W[r], x)` as [`gemv`] computes it,
+/// and the return value a lower bound on the largest such dot (`NaN` when
+/// a bound is not finite: use the exact path). Rows whose `hi` is below
+/// the largest lower bound over all rows cannot be, or tie, the argmax;
+/// re-score the rest with [`gemv`]. Only Q8_0 ([`can_screen`]).
+pub fn screen_rows(
+    isa: Isa,
+    ty: GgmlType,
+    w: &[u8],
+    row_bytes: usize,
+    sx: &ScreenX,
+    hi: &mut [f32],
+) -> Result<f32, KernelError> {
+    if !can_screen(ty) {
+        return Err(KernelError::Unsupported(ty));
+    }
+    check_rows(ty, w, row_bytes, sx.len(), hi.len())?;
+    if hi.is_empty() {
+        return Ok(f32::NEG_INFINITY);
+    }
+    #[cfg(target_arch = "x86_64")]
+    if let Some(m) = x86::screen_q8_0(isa.min(Isa::cpu_max()), sx, w, row_bytes, hi) {
+        return Ok(m);
+    }
+    let _ = isa;
+    Ok(screen::screen_q8_0(sx, w, row_bytes, hi))
 }
 
 /// Checks the shapes of [`dot_rows`] / [`axpy_rows`]; returns `d`.

@@ -7,6 +7,7 @@ mod avx2;
 mod avx512;
 mod kern;
 mod rows;
+mod screen;
 
 use kiln_quant::GgmlType;
 
@@ -151,5 +152,25 @@ pub(crate) fn softmax_step(
         Isa::Avx2 => Some(unsafe { avx2::softmax_step(x, scale, cap, m) }),
         // SAFETY: as above.
         Isa::Avx512 | Isa::Avx512Vnni => Some(unsafe { avx512::softmax_step(x, scale, cap, m) }),
+    }
+}
+
+/// Q8_0 screen (see `crate::screen`); `None` on `Isa::Scalar`.
+pub(crate) fn screen_q8_0(
+    isa: Isa,
+    sx: &crate::screen::ScreenX,
+    w: &[u8],
+    row_bytes: usize,
+    hi: &mut [f32],
+) -> Option<f32> {
+    match isa {
+        Isa::Scalar => None,
+        // SAFETY: `isa` is at most `Isa::cpu_max()` (see `gemv`); the
+        // caller checked the row layout.
+        Isa::Avx2 | Isa::Avx512 => Some(unsafe { screen::screen_avx2(sx, w, row_bytes, hi) }),
+        // SAFETY: as above, with AVX-512 VNNI.
+        Isa::Avx512Vnni => unsafe { screen::screen_vnni(sx, w, row_bytes, hi) }
+            // SAFETY: as above.
+            .or_else(|| Some(unsafe { screen::screen_avx2(sx, w, row_bytes, hi) })),
     }
 }

@@ -1,0 +1,133 @@
+//! Integer screening for an exact greedy head over Q8_0 rows.
+//!
+//! `x` is quantized like a Q8_0 row (blocks of 32, `d_b = absmax / 127`).
+//! For row `r` with block scales `dw_b` the screen computes
+//! `a_r = Σ_b dw_b · d_b · Σ_i qw_i · qx_i` (integer inner sums) and a bound
+//! `β_r = Σ_b |dw_b| · c_b` with
+//! `c_b = 128·√32·‖e_b‖₂ + γ·128·(‖x_b‖₁ + ‖x̂_b‖₁)`, `e = x − x̂`.
+//! The first term is block-wise Cauchy–Schwarz on `Σ wq_i e_i` with
+//! `‖qw_b‖₂ ≤ 128·√32` (no per-row precompute, one FMA per block); the
+//! second covers the f32 rounding of both `a_r` and the exact kernel's dot
+//! (each below `γ · Σ|w_i x_i|`). So the exact logit lies in
+//! `[a_r − β_r, a_r + β_r]` and only rows with `a_r + β_r ≥ max(a − β)`
+//! can be (or tie) the argmax.
+
+/// Relative rounding slack: the exact kernels and the screen each sum at
+/// most a few hundred f32 terms per row (scalar reference: `k` in order),
+/// far below `γ` for the row lengths of a model's LM head.
+const GAMMA: f64 = 2e-4;
+
+/// Q8_0-quantized activations with the per-block bound terms, laid out per
+/// 4-byte lane (8 lanes per block) for the SIMD screens.
+pub struct ScreenX {
+    pub(crate) k: usize,
+    /// `x̂ / d`, `k` values in `[-127, 127]`.
+    pub(crate) q: Vec<i8>,
+    /// `d_b` per block.
+    pub(crate) d: Vec<f32>,
+    /// `c_b` per block.
+    pub(crate) c: Vec<f32>,
+    /// Per lane (`k / 4`): `d_b`, `c_b / 8`, and `-128 · Σ` of the lane's
+    /// four `qx` (the VNNI screen's offset correction).
+    pub(crate) lane_d: Vec<f32>,
+    pub(crate) lane_c: Vec<f32>,
+    pub(crate) lane_corr: Vec<i32>,
+}
+
+impl ScreenX {
+    /// `None` when `x` holds a non-finite value or is not whole blocks of
+    /// 32 (the caller then takes the exact path).
+    pub fn new(x: &[f32]) -> Option<ScreenX> {
+        if !x.len().is_multiple_of(32) || x.iter().any(|v| !v.is_finite()) {
+            return None;
+        }
+        let k = x.len();
+        let mut sx = ScreenX {
+            k,
+            q: Vec::with_capacity(k),
+            d: Vec::with_capacity(k / 32),
+            c: Vec::with_capacity(k / 32),
+            lane_d: Vec::with_capacity(k / 4),
+            lane_c: Vec::with_capacity(k / 4),
+            lane_corr: Vec::with_capacity(k / 4),
+        };
+        for xb in x.chunks_exact(32) {
+            let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let d = amax / 127.0;
+            let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+            let (mut e2, mut l1x, mut l1h) = (0.0f64, 0.0f64, 0.0f64);
+            for &v in xb {
+                let q = (v * inv).round().clamp(-127.0, 127.0) as i8;
+                sx.q.push(q);
+                // f64 holds `d · q` exactly (11 + 24 bits).
+                let xh = f64::from(d) * f64::from(q);
+                let e = f64::from(v) - xh;
+                e2 += e * e;
+                l1x += f64::from(v).abs();
+                l1h += xh.abs();
+            }
+            // Rounded up: the f64 sums are off by far less than 1e-6.
+            let ce = 128.0 * 32f64.sqrt() * e2.sqrt() * (1.0 + 1e-6);
+            let c = ce + GAMMA * 128.0 * (l1x + l1h);
+            let c = c as f32 * (1.0 + 1e-6);
+            sx.d.push(d);
+            sx.c.push(c);
+            let qb = &sx.q[sx.q.len() - 32..];
+            for l in qb.chunks_exact(4) {
+                sx.lane_d.push(d);
+                sx.lane_c.push(c / 8.0);
+                sx.lane_corr
+                    .push(-128 * l.iter().map(|&v| i32::from(v)).sum::<i32>());
+            }
+        }
+        Some(sx)
+    }
+
+    /// Row length the screen was built for.
+    pub fn len(&self) -> usize {
+        self.k
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.k == 0
+    }
+}
+
+/// Tiny absolute slack: products of tiny scales may underflow.
+pub(crate) const ABS_SLACK: f32 = 1e-30;
+
+/// Portable screen: `hi[r] = a_r + β_r`; returns `max_r (a_r − β_r)`, NaN
+/// when any bound is not finite.
+pub(crate) fn screen_q8_0(sx: &ScreenX, w: &[u8], row_bytes: usize, hi: &mut [f32]) -> f32 {
+    let nb = sx.k / 32;
+    let mut max_lo = f32::NEG_INFINITY;
+    for (r, h) in hi.iter_mut().enumerate() {
+        let row = &w[r * row_bytes..][..nb * 34];
+        let (mut a, mut b) = (0.0f32, 0.0f32);
+        for (bi, blk) in row.chunks_exact(34).enumerate() {
+            let dw = half::f16::from_le_bytes([blk[0], blk[1]]).to_f32();
+            let qx = &sx.q[bi * 32..][..32];
+            let s: i32 = blk[2..]
+                .iter()
+                .zip(qx)
+                .map(|(&w, &x)| i32::from(w as i8) * i32::from(x))
+                .sum();
+            a += dw * (sx.d[bi] * s as f32);
+            b += dw.abs() * sx.c[bi];
+        }
+        let b = b + ABS_SLACK;
+        *h = a + b;
+        max_lo = fold_lo(max_lo, a - b, *h);
+    }
+    max_lo
+}
+
+/// Running max of `lo`, poisoned to NaN by a non-finite bound.
+#[inline(always)]
+pub(crate) fn fold_lo(max_lo: f32, lo: f32, hi: f32) -> f32 {
+    if !(lo.is_finite() && hi.is_finite()) || max_lo.is_nan() {
+        f32::NAN
+    } else {
+        max_lo.max(lo)
+    }
+}
