@@ -131,3 +131,54 @@ pub(crate) fn fold_lo(max_lo: f32, lo: f32, hi: f32) -> f32 {
         max_lo.max(lo)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::ScreenX;
+    use crate::{screen_rows, Isa};
+    use kiln_quant::GgmlType;
+
+    /// The SIMD screens take rows in groups: any row count (full groups
+    /// plus a remainder) gives each row the same bits as screening it
+    /// alone, and the same floor as the fold over those rows.
+    #[test]
+    fn grouped_rows_match_single_rows() {
+        let mut s = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rnd = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        for k in [32, 64, 96, 640] {
+            let rb = k / 32 * 34;
+            let x: Vec<f32> = (0..k).map(|_| (rnd() % 2001) as f32 * 1e-3 - 1.0).collect();
+            let sx = ScreenX::new(&x).unwrap();
+            let mut w = vec![0u8; 11 * rb];
+            for blk in w.chunks_exact_mut(34) {
+                let d = half::f16::from_f32((rnd() % 1001) as f32 * 1e-4 - 0.05);
+                blk[..2].copy_from_slice(&d.to_le_bytes());
+                for b in &mut blk[2..] {
+                    *b = rnd() as u8;
+                }
+            }
+            for isa in Isa::available() {
+                for n in 1..=11 {
+                    let mut hi = vec![0.0f32; n];
+                    let m =
+                        screen_rows(isa, GgmlType::Q8_0, &w[..n * rb], rb, &sx, &mut hi).unwrap();
+                    let mut want_m = f32::NEG_INFINITY;
+                    for (r, &h) in hi.iter().enumerate() {
+                        let mut one = [0.0f32];
+                        let m1 =
+                            screen_rows(isa, GgmlType::Q8_0, &w[r * rb..][..rb], rb, &sx, &mut one)
+                                .unwrap();
+                        assert_eq!(h.to_bits(), one[0].to_bits(), "{isa} k {k} n {n} row {r}");
+                        want_m = want_m.max(m1);
+                    }
+                    assert_eq!(m.to_bits(), want_m.to_bits(), "{isa} k {k} n {n}");
+                }
+            }
+        }
+    }
+}

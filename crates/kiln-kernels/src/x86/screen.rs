@@ -10,50 +10,95 @@ use crate::screen::{fold_lo, ScreenX, ABS_SLACK};
 
 /// Q8_0 block bytes: f16 scale + 32 quants.
 const BLK: usize = 34;
-/// Prefetch distance for the weight stream (as the GEMV's).
-const PREFETCH: usize = 768;
+
+/// Rows screened together: the `x` loads, lane values and the prefetch
+/// setup are shared across the group (each row's arithmetic is unchanged,
+/// so the results match the one-row loop bit for bit).
+const GROUP: usize = 4;
 
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C; `w` holds `hi.len()` rows of
 /// `sx.k / 32` Q8_0 blocks at stride `row_bytes` (checked by the caller).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn screen_avx2(sx: &ScreenX, w: &[u8], row_bytes: usize, hi: &mut [f32]) -> f32 {
-    let nb = sx.k / 32;
     let mut max_lo = f32::NEG_INFINITY;
+    let mut groups = hi.chunks_exact_mut(GROUP);
+    let mut r0 = 0;
+    for hs in &mut groups {
+        let hs: &mut [f32; GROUP] = hs.try_into().expect("exact chunk");
+        // SAFETY: AVX2/FMA/F16C are enabled here; `w` holds these rows.
+        unsafe { rows_avx2(sx, w, row_bytes, r0, hs, &mut max_lo) };
+        r0 += GROUP;
+    }
+    for h in groups.into_remainder() {
+        let hs: &mut [f32; 1] = core::array::from_mut(h);
+        // SAFETY: as above.
+        unsafe { rows_avx2(sx, w, row_bytes, r0, hs, &mut max_lo) };
+        r0 += 1;
+    }
+    max_lo
+}
+
+/// `R` rows from row `r0`: per row the same ops, in the same order, as
+/// the one-row screen.
+///
+/// # Safety
+/// As [`screen_avx2`], with rows `r0..r0 + R` inside `w`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn rows_avx2<const R: usize>(
+    sx: &ScreenX,
+    w: &[u8],
+    row_bytes: usize,
+    r0: usize,
+    hs: &mut [f32; R],
+    max_lo: &mut f32,
+) {
+    let nb = sx.k / 32;
     let ones = _mm256_set1_epi16(1);
-    for (r, h) in hi.iter_mut().enumerate() {
-        let row = &w[r * row_bytes..][..nb * BLK];
-        let mut acc = _mm256_setzero_ps();
-        let mut bacc = _mm256_setzero_ps();
-        for b in 0..nb {
-            let blk = &row[b * BLK..][..BLK];
-            let xq = &sx.q[b * 32..][..32];
-            let ld = &sx.lane_d[b * 8..][..8];
-            let lc = &sx.lane_c[b * 8..][..8];
-            // SAFETY: the slices above bound every load (32 quant bytes
-            // after the 2-byte scale, 32 `qx`, 8 lane values); prefetch
-            // never faults.
+    let rows: [&[u8]; R] = core::array::from_fn(|i| &w[(r0 + i) * row_bytes..][..nb * BLK]);
+    // Next group's bytes at the same offset (prefetch never faults).
+    let ahead = R * row_bytes;
+    let mut acc = [_mm256_setzero_ps(); R];
+    let mut bacc = [_mm256_setzero_ps(); R];
+    for b in 0..nb {
+        let xq = &sx.q[b * 32..][..32];
+        let ld = &sx.lane_d[b * 8..][..8];
+        let lc = &sx.lane_c[b * 8..][..8];
+        // SAFETY: the slices bound the shared loads (32 `qx`, 8 lane
+        // values).
+        let (xv, ldv, lcv) = unsafe {
+            (
+                _mm256_loadu_si256(xq.as_ptr().cast()),
+                _mm256_loadu_ps(ld.as_ptr()),
+                _mm256_loadu_ps(lc.as_ptr()),
+            )
+        };
+        for i in 0..R {
+            let blk = &rows[i][b * BLK..][..BLK];
+            // SAFETY: `blk` bounds the 32 quant bytes after the 2-byte
+            // scale; prefetch never faults.
             unsafe {
-                _mm_prefetch::<_MM_HINT_T0>(blk.as_ptr().wrapping_add(PREFETCH).cast());
+                _mm_prefetch::<_MM_HINT_T0>(blk.as_ptr().wrapping_add(ahead).cast());
                 let wv = _mm256_loadu_si256(blk.as_ptr().add(2).cast());
-                let xv = _mm256_loadu_si256(xq.as_ptr().cast());
                 let p16 = _mm256_maddubs_epi16(_mm256_abs_epi8(wv), _mm256_sign_epi8(xv, wv));
                 let p32 = _mm256_madd_epi16(p16, ones);
                 let hbits = u16::from_le_bytes([blk[0], blk[1]]) as i16;
                 let dw = _mm256_cvtph_ps(_mm_set1_epi16(hbits));
-                let scale = _mm256_mul_ps(dw, _mm256_loadu_ps(ld.as_ptr()));
-                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p32), scale, acc);
+                let scale = _mm256_mul_ps(dw, ldv);
+                acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p32), scale, acc[i]);
                 let adw = _mm256_andnot_ps(_mm256_set1_ps(-0.0), dw);
-                bacc = _mm256_fmadd_ps(adw, _mm256_loadu_ps(lc.as_ptr()), bacc);
+                bacc[i] = _mm256_fmadd_ps(adw, lcv, bacc[i]);
             }
         }
-        // SAFETY: register-only AVX ops.
-        let (a, b) = unsafe { (hsum8(acc), hsum8(bacc)) };
-        let b = b + ABS_SLACK;
-        *h = a + b;
-        max_lo = fold_lo(max_lo, a - b, *h);
     }
-    max_lo
+    for i in 0..R {
+        // SAFETY: register-only AVX ops.
+        let (a, b) = unsafe { (hsum8(acc[i]), hsum8(bacc[i])) };
+        let b = b + ABS_SLACK;
+        hs[i] = a + b;
+        *max_lo = fold_lo(*max_lo, a - b, hs[i]);
+    }
 }
 
 #[inline(always)]
@@ -85,44 +130,94 @@ pub(super) unsafe fn screen_vnni(
         return None;
     }
     let mut max_lo = f32::NEG_INFINITY;
+    let mut groups = hi.chunks_exact_mut(GROUP);
+    let mut r0 = 0;
+    for hs in &mut groups {
+        let hs: &mut [f32; GROUP] = hs.try_into().expect("exact chunk");
+        // SAFETY: the AVX-512 VNNI set is enabled here; `w` holds these
+        // rows and `nb` is even.
+        unsafe { rows_vnni(sx, w, row_bytes, r0, hs, &mut max_lo) };
+        r0 += GROUP;
+    }
+    for h in groups.into_remainder() {
+        let hs: &mut [f32; 1] = core::array::from_mut(h);
+        // SAFETY: as above.
+        unsafe { rows_vnni(sx, w, row_bytes, r0, hs, &mut max_lo) };
+        r0 += 1;
+    }
+    Some(max_lo)
+}
+
+/// `R` rows from row `r0`, two blocks per step: per row the same ops, in
+/// the same order, as the one-row screen.
+///
+/// # Safety
+/// As [`screen_vnni`], with rows `r0..r0 + R` inside `w` and an even
+/// block count.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn rows_vnni<const R: usize>(
+    sx: &ScreenX,
+    w: &[u8],
+    row_bytes: usize,
+    r0: usize,
+    hs: &mut [f32; R],
+    max_lo: &mut f32,
+) {
+    let nb = sx.k / 32;
     let flip = _mm512_set1_epi8(-128);
-    for (r, h) in hi.iter_mut().enumerate() {
-        let row = &w[r * row_bytes..][..nb * BLK];
-        let mut acc = _mm512_setzero_ps();
-        let mut bacc = _mm512_setzero_ps();
-        for p in 0..nb / 2 {
-            let blk = &row[p * 2 * BLK..][..2 * BLK];
-            let xq = &sx.q[p * 64..][..64];
-            let ld = &sx.lane_d[p * 16..][..16];
-            let lc = &sx.lane_c[p * 16..][..16];
-            let lk = &sx.lane_corr[p * 16..][..16];
-            // SAFETY: the slices above bound every load (two blocks of
-            // 2 + 32 bytes, 64 `qx`, 16 lane values); prefetch never
-            // faults.
+    // Word 0 (block 0's scale) to lanes 0..8, word 17 (block 1's, at byte
+    // `BLK`) to lanes 8..16.
+    let sidx = _mm512_set_epi16(
+        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 17, 17, 17, 17, 17, 17, 17, 17, 0, 0, 0, 0,
+        0, 0, 0, 0,
+    );
+    let rows: [&[u8]; R] = core::array::from_fn(|i| &w[(r0 + i) * row_bytes..][..nb * BLK]);
+    // Next group's bytes at the same offset (prefetch never faults).
+    let ahead = R * row_bytes;
+    let mut acc = [_mm512_setzero_ps(); R];
+    let mut bacc = [_mm512_setzero_ps(); R];
+    for p in 0..nb / 2 {
+        let xq = &sx.q[p * 64..][..64];
+        let ld = &sx.lane_d[p * 16..][..16];
+        let lc = &sx.lane_c[p * 16..][..16];
+        let lk = &sx.lane_corr[p * 16..][..16];
+        // SAFETY: the slices bound the shared loads (64 `qx`, 16 lane
+        // values each).
+        let (xv, corr, ldv, lcv) = unsafe {
+            (
+                _mm512_loadu_si512(xq.as_ptr().cast()),
+                _mm512_loadu_si512(lk.as_ptr().cast()),
+                _mm512_loadu_ps(ld.as_ptr()),
+                _mm512_loadu_ps(lc.as_ptr()),
+            )
+        };
+        for i in 0..R {
+            let blk = &rows[i][p * 2 * BLK..][..2 * BLK];
+            // SAFETY: `blk` (two blocks of 2 + 32 bytes) bounds every
+            // load: 64 bytes from its start, 32 from byte 2 and from
+            // `BLK + 2`; prefetch never faults.
             unsafe {
                 let bp = blk.as_ptr();
-                _mm_prefetch::<_MM_HINT_T0>(bp.wrapping_add(PREFETCH).cast());
-                _mm_prefetch::<_MM_HINT_T0>(bp.wrapping_add(PREFETCH + 64).cast());
+                _mm_prefetch::<_MM_HINT_T0>(bp.wrapping_add(ahead).cast());
+                _mm_prefetch::<_MM_HINT_T0>(bp.wrapping_add(ahead + 64).cast());
                 let w0 = _mm256_loadu_si256(bp.add(2).cast());
                 let w1 = _mm256_loadu_si256(bp.add(BLK + 2).cast());
                 let wv = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(w0), w1);
                 let u = _mm512_xor_si512(wv, flip);
-                let xv = _mm512_loadu_si512(xq.as_ptr().cast());
-                let corr = _mm512_loadu_si512(lk.as_ptr().cast());
                 let p32 = _mm512_dpbusd_epi32(corr, u, xv);
-                let h0 = u16::from_le_bytes([blk[0], blk[1]]) as i16;
-                let h1 = u16::from_le_bytes([blk[BLK], blk[BLK + 1]]) as i16;
-                let hv = _mm256_set_m128i(_mm_set1_epi16(h1), _mm_set1_epi16(h0));
-                let dw = _mm512_cvtph_ps(hv);
-                let scale = _mm512_mul_ps(dw, _mm512_loadu_ps(ld.as_ptr()));
-                acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p32), scale, acc);
-                bacc = _mm512_fmadd_ps(_mm512_abs_ps(dw), _mm512_loadu_ps(lc.as_ptr()), bacc);
+                let hv = _mm512_permutexvar_epi16(sidx, _mm512_loadu_si512(bp.cast()));
+                let dw = _mm512_cvtph_ps(_mm512_castsi512_si256(hv));
+                let scale = _mm512_mul_ps(dw, ldv);
+                acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p32), scale, acc[i]);
+                bacc[i] = _mm512_fmadd_ps(_mm512_abs_ps(dw), lcv, bacc[i]);
             }
         }
-        let (a, b) = (_mm512_reduce_add_ps(acc), _mm512_reduce_add_ps(bacc));
-        let b = b + ABS_SLACK;
-        *h = a + b;
-        max_lo = fold_lo(max_lo, a - b, *h);
     }
-    Some(max_lo)
+    for i in 0..R {
+        let (a, b) = (_mm512_reduce_add_ps(acc[i]), _mm512_reduce_add_ps(bacc[i]));
+        let b = b + ABS_SLACK;
+        hs[i] = a + b;
+        *max_lo = fold_lo(*max_lo, a - b, hs[i]);
+    }
 }
