@@ -3,6 +3,113 @@
 //! instantiated inside one `#[target_feature]` entry point per level so
 //! that everything inlines into code compiled for that level.
 
+/// The per-ISA entry points: each monomorphizes a generic kernel for one
+/// `Simd` level inside a `#[target_feature]` function, so the kernel bodies
+/// are written once (in `kern`/`rows`) and only these wrappers repeat.
+macro_rules! entry_points {
+    ($simd:ident, $features:literal, $gemm_cols:literal) => {
+        /// # Safety
+        /// The CPU must support every feature in this function's
+        /// `target_feature` list.
+        #[target_feature(enable = $features)]
+        pub(super) unsafe fn gemv(
+            ty: GgmlType,
+            w: &[u8],
+            row_bytes: usize,
+            k: usize,
+            x: &[f32],
+            y: &mut [f32],
+        ) -> bool {
+            // SAFETY: this function's contract.
+            let s = unsafe { $simd::new() };
+            kern::gemv(s, ty, w, row_bytes, k, x, y)
+        }
+
+        /// # Safety
+        /// As [`gemv`].
+        #[target_feature(enable = $features)]
+        pub(super) unsafe fn gemm(
+            ty: GgmlType,
+            w: &[u8],
+            x: &[f32],
+            y: &mut [f32],
+            sh: &GemmShape,
+        ) -> bool {
+            // SAFETY: this function's contract.
+            let s = unsafe { $simd::new() };
+            kern::gemm::<_, 4, $gemm_cols>(s, ty, w, x, y, sh)
+        }
+
+        /// # Safety
+        /// As [`gemv`].
+        #[allow(clippy::too_many_arguments)]
+        #[target_feature(enable = $features)]
+        pub(super) unsafe fn dot_rows(
+            q: &[f32],
+            g: usize,
+            d: usize,
+            m: &[f32],
+            stride: usize,
+            n: usize,
+            out: &mut [f32],
+        ) {
+            // SAFETY: this function's contract.
+            let s = unsafe { $simd::new() };
+            rows::dot_rows(s, q, g, d, m, stride, n, out)
+        }
+
+        /// # Safety
+        /// As [`gemv`].
+        #[allow(clippy::too_many_arguments)]
+        #[target_feature(enable = $features)]
+        pub(super) unsafe fn axpy_rows(
+            p: &[f32],
+            g: usize,
+            d: usize,
+            m: &[f32],
+            stride: usize,
+            n: usize,
+            acc: &mut [f32],
+        ) {
+            // SAFETY: this function's contract.
+            let s = unsafe { $simd::new() };
+            rows::axpy_rows(s, p, g, d, m, stride, n, acc)
+        }
+
+        /// # Safety
+        /// As [`gemv`].
+        #[target_feature(enable = $features)]
+        pub(super) unsafe fn softcap(x: &mut [f32], c: f32) {
+            // SAFETY: this function's contract.
+            let s = unsafe { $simd::new() };
+            rows::softcap(s, x, c)
+        }
+
+        /// # Safety
+        /// As [`gemv`].
+        #[target_feature(enable = $features)]
+        pub(super) unsafe fn gelu_mul(g: &mut [f32], u: &[f32]) {
+            // SAFETY: this function's contract.
+            let s = unsafe { $simd::new() };
+            rows::gelu_mul(s, g, u)
+        }
+
+        /// # Safety
+        /// As [`gemv`].
+        #[target_feature(enable = $features)]
+        pub(super) unsafe fn softmax_step(
+            x: &mut [f32],
+            scale: f32,
+            cap: Option<f32>,
+            m: f32,
+        ) -> (f32, f32) {
+            // SAFETY: this function's contract.
+            let s = unsafe { $simd::new() };
+            rows::softmax_step(s, x, scale, cap, m)
+        }
+    };
+}
+
 mod avx2;
 mod avx512;
 mod kern;
