@@ -23,6 +23,10 @@ pub(crate) type Post<'a> = dyn Fn(&mut [f32]) + Sync + 'a;
 thread_local! {
     /// Per-thread `gemm` output block, grown once.
     static BLOCK: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// Integer-GEMV planes of the last decode input and the f32 values
+    /// they were made from: Q, K and V (and gate, up) share one input.
+    static QX: RefCell<(Vec<f32>, kiln_kernels::QuantX)> =
+        RefCell::new((Vec::new(), kiln_kernels::QuantX::new()));
     /// Upper bounds of the greedy head's screen (one per vocab row).
     static SCREEN_HI: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
@@ -64,6 +68,41 @@ pub(crate) fn matmul(
     let data = w.data();
     let cols = w.cols;
     let err = std::sync::Mutex::new(None);
+    if n_tok == 1 && kiln_kernels::has_gemv_q(isa, w.ty) {
+        let done = QX.with(|q| {
+            let (src, qx) = &mut *q.borrow_mut();
+            let x = &x[..cols];
+            if src.as_slice() != x {
+                src.clear();
+                src.extend_from_slice(x);
+                qx.set(x);
+            }
+            if qx.is_empty() {
+                return false; // non-finite x: the f32 path reports it
+            }
+            let qx = &*qx;
+            let chunk = rows_per_task(par, n_rows, 16, 2048);
+            par.chunks_mut(&mut out[..n_rows], chunk, |i, y| {
+                let r0 = row0 + i * chunk;
+                let ws = rows_bytes(w, data, r0, y.len());
+                match kiln_kernels::gemv_q(isa, w.ty, ws, w.row_bytes, qx, y) {
+                    Ok(_) => {
+                        if let Some(f) = post {
+                            f(y);
+                        }
+                    }
+                    Err(e) => *err.lock().expect("error slot") = Some(e),
+                }
+            });
+            true
+        });
+        if done {
+            return match err.into_inner().expect("error slot") {
+                Some(e) => Err(kernel_err(w, e)),
+                None => Ok(()),
+            };
+        }
+    }
     if n_tok == 1 {
         let chunk = rows_per_task(par, n_rows, 16, 2048);
         par.chunks_mut(&mut out[..n_rows], chunk, |i, y| {

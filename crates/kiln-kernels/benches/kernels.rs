@@ -7,7 +7,7 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use kiln_kernels::{argmax_rows, gemm, gemv, pool::Pool, Isa};
+use kiln_kernels::{argmax_rows, gemm, gemv, gemv_q, has_gemv_q, pool::Pool, Isa, QuantX};
 use kiln_quant::GgmlType;
 
 /// Best seconds per call over batches of about 40 ms, within `budget`.
@@ -83,6 +83,20 @@ fn bench_gemv(name: &str, ty: GgmlType, rows: usize, k: usize) {
         }
         println!(
             "gemv {name:<22} {ty:<5} {rows:>6}x{k:<5} {isa:<7} {:>9.1} us {gbs:>6.2} GB/s  x{:.1} vs scalar",
+            s * 1e6,
+            base / s
+        );
+    }
+    // The integer kernels (decode's default for packed types), VNNI too.
+    let mut qx = QuantX::new();
+    qx.set(&x);
+    for isa in Isa::available().filter(|&i| has_gemv_q(i, ty)) {
+        let s = time(Duration::from_millis(600), || {
+            gemv_q(isa, ty, &w, packed, black_box(&qx), &mut y).unwrap();
+        });
+        let gbs = w.len() as f64 / s / 1e9;
+        println!(
+            "gemv_q {name:<20} {ty:<5} {rows:>6}x{k:<5} {isa:<7} {:>9.1} us {gbs:>6.2} GB/s  x{:.1} vs scalar",
             s * 1e6,
             base / s
         );
@@ -251,6 +265,7 @@ fn main() {
     );
     if on("gemv") {
         bench_gemv("lm_head/token_embd", GgmlType::Q8_0, 262144, 640);
+        bench_gemv("attn_q", GgmlType::Q5_0, 1024, 640);
         bench_gemv("ffn_gate/up", GgmlType::Q5_0, 2048, 640);
         bench_gemv("attn_v", GgmlType::Q8_0, 256, 640);
         bench_gemv("attn_output", GgmlType::Q4K, 640, 1024);

@@ -2,7 +2,7 @@
 //! `kiln_quant::dequantize` then an f64 dot. Tolerance is relative to
 //! `sum |w_i x_i|`, the scale of the rounding error of any f32 summation.
 
-use kiln_kernels::{argmax_rows, gemm, gemv, Isa, KernelError};
+use kiln_kernels::{argmax_rows, gemm, gemv, gemv_q, has_gemv_q, Isa, KernelError, QuantX};
 use kiln_quant::GgmlType;
 
 const TOL: f64 = 1e-5;
@@ -105,6 +105,48 @@ fn gemv_matches_reference_on_every_isa() {
             }
         }
     }
+}
+
+/// The integer GEMV (activations as three int8 planes) holds the f32
+/// kernels' tolerance, on every level and type it covers, for odd group
+/// counts (the VNNI kernel pairs groups) and padded rows.
+#[test]
+fn gemv_q_matches_reference_on_every_isa() {
+    let mut rng = Rng(0x5851_f42d_4c95_7f2d);
+    let mut qx = QuantX::new();
+    let mut covered = 0;
+    for isa in Isa::available() {
+        for ty in types().into_iter().filter(|&t| has_gemv_q(isa, t)) {
+            for k in [32, 96, 256, 640, 768, 2048] {
+                if k % ty.block_elems() != 0 {
+                    continue;
+                }
+                for (rows, pad) in [(1, 0), (3, 0), (13, 0), (5, 7)] {
+                    let packed = k / ty.block_elems() * ty.block_bytes();
+                    let rb = packed + pad;
+                    let w = random_rows(&mut rng, ty, rows, k, pad);
+                    let x = random_x(&mut rng, k);
+                    assert!(qx.set(&x));
+                    let mut y = vec![f32::NAN; rows];
+                    assert!(gemv_q(isa, ty, &w, rb, &qx, &mut y).unwrap());
+                    for (r, &got) in y.iter().enumerate() {
+                        let want = reference(ty, &w[r * rb..][..packed], &x);
+                        assert_close(got, want, &format!("q {isa} {ty} k={k} row {r}/{rows}"));
+                    }
+                    covered += 1;
+                }
+            }
+        }
+    }
+    if Isa::cpu_max() >= Isa::Avx2 {
+        assert!(covered > 0);
+    }
+    // Refusals: rows shorter than x, scalar level.
+    let w = random_rows(&mut rng, GgmlType::Q8_0, 1, 64, 0);
+    assert!(qx.set(&random_x(&mut rng, 128)));
+    assert!(gemv_q(Isa::Avx2, GgmlType::Q8_0, &w, 68, &qx, &mut [0.0]).is_err());
+    assert!(qx.set(&random_x(&mut rng, 64)));
+    assert!(!gemv_q(Isa::Scalar, GgmlType::Q8_0, &w, 68, &qx, &mut [0.0]).unwrap());
 }
 
 #[test]

@@ -113,6 +113,7 @@ macro_rules! entry_points {
 mod avx2;
 mod avx512;
 mod kern;
+mod qdot;
 mod rows;
 mod screen;
 
@@ -280,4 +281,29 @@ pub(crate) fn screen_q8_0(
             // SAFETY: as above.
             .or_else(|| Some(unsafe { screen::screen_avx2(sx, w, row_bytes, hi) })),
     }
+}
+
+/// Integer GEMV on [`crate::QuantX`] planes; `false` when `isa` or `ty`
+/// has no integer kernel (the caller runs the f32 [`gemv`]).
+pub(crate) fn gemv_q(
+    isa: Isa,
+    ty: GgmlType,
+    w: &[u8],
+    row_bytes: usize,
+    qx: &crate::QuantX,
+    y: &mut [f32],
+) -> bool {
+    match isa {
+        Isa::Scalar => false,
+        // SAFETY: `isa` is at most `Isa::cpu_max()` (see `gemv`); the
+        // caller checked the row layout against `qx.len()`.
+        Isa::Avx2 | Isa::Avx512 => unsafe { qdot::gemv_avx2(ty, w, row_bytes, qx, y) },
+        // SAFETY: as above, with AVX-512 VNNI.
+        Isa::Avx512Vnni => unsafe { qdot::gemv_vnni(ty, w, row_bytes, qx, y) },
+    }
+}
+
+/// Whether [`gemv_q`] covers `ty` on some SIMD level.
+pub(crate) fn has_qkernel(ty: GgmlType) -> bool {
+    qdot::has_qkernel(ty)
 }
