@@ -7,7 +7,9 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use kiln_kernels::{argmax_rows, gemm, gemv, gemv_q, has_gemv_q, pool::Pool, Isa, QuantX};
+use kiln_kernels::{
+    argmax_rows, gemm, gemv, gemv_q, has_gemv_q, pool::Pool, screen_rows, Isa, QuantX, ScreenX,
+};
 use kiln_quant::GgmlType;
 
 /// Best seconds per call over batches of about 40 ms, within `budget`.
@@ -122,6 +124,33 @@ fn bench_argmax(rows: usize, k: usize) {
             a * 1e6,
             w.len() as f64 / a / 1e9,
             g * 1e6
+        );
+    }
+}
+
+/// The greedy head's int8 screen over the whole tied embedding.
+fn bench_screen(rows: usize, k: usize) {
+    let ty = GgmlType::Q8_0;
+    let w = weights(ty, rows, k);
+    let x = acts(k);
+    let sx = ScreenX::new(&x).expect("finite x");
+    let packed = w.len() / rows;
+    let mut hi = vec![0.0f32; rows];
+    for isa in isas()
+        .into_iter()
+        .chain([Isa::Avx512Vnni])
+        .filter(|&i| i != Isa::Scalar)
+    {
+        if isa > Isa::cpu_max() {
+            continue;
+        }
+        let s = time(Duration::from_millis(600), || {
+            black_box(screen_rows(isa, ty, &w, packed, black_box(&sx), &mut hi).unwrap());
+        });
+        println!(
+            "screen lm_head Q8_0 {rows}x{k} {isa:<10} {:>8.1} us ({:.2} GB/s)",
+            s * 1e6,
+            w.len() as f64 / s / 1e9
         );
     }
 }
@@ -266,6 +295,7 @@ fn main() {
     if on("gemv") {
         bench_gemv("lm_head/token_embd", GgmlType::Q8_0, 262144, 640);
         bench_gemv("attn_q", GgmlType::Q5_0, 1024, 640);
+        bench_gemv("dram", GgmlType::Q5_0, 262144, 640);
         bench_gemv("ffn_gate/up", GgmlType::Q5_0, 2048, 640);
         bench_gemv("attn_v", GgmlType::Q8_0, 256, 640);
         bench_gemv("attn_output", GgmlType::Q4K, 640, 1024);
@@ -279,6 +309,8 @@ fn main() {
     }
     if on("argmax") {
         bench_argmax(262144, 640);
+        bench_screen(262144, 640);
+        bench_screen(1024, 640);
     }
     if on("gemm") {
         bench_gemm("ffn_gate/up", GgmlType::Q5_0, 2048, 640, 64);

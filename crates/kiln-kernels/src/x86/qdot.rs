@@ -634,8 +634,22 @@ pub(crate) fn has_qkernel(ty: GgmlType) -> bool {
     matches!(ty, T::Q4_0 | T::Q5_0 | T::Q8_0 | T::Q4K | T::Q5K | T::Q6K)
 }
 
-/// Prefetch distance in bytes for the weight stream.
-const PREFETCH: usize = 768;
+/// Prefetch distance in bytes for the weight stream: one core's demand
+/// misses alone stream ~6 GB/s from DRAM here; 3 KiB ahead gives ~12
+/// (768 B: ~8.5; measured on 262,144 Q5_0 rows, `cargo bench`).
+const PREFETCH: usize = 3072;
+
+/// Prefetches every cache line of `bytes` bytes at `p + PREFETCH`.
+///
+/// # Safety
+/// SSE enabled (prefetches never fault, any address is fine).
+#[inline(always)]
+unsafe fn prefetch_ahead(p: *const u8, bytes: usize) {
+    for off in (0..bytes).step_by(64) {
+        // SAFETY: the caller's contract.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH + off).cast()) };
+    }
+}
 
 /// `S²·H + S·M + L` as f32.
 ///
@@ -750,7 +764,7 @@ unsafe fn row_avx2<Q: QBlock>(row: &[u8], qx: &QuantX) -> f32 {
         let nb = qx.k / 32 / Q::GROUPS;
         for bi in 0..nb {
             let b = row.as_ptr().add(bi * Q::BYTES);
-            _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(PREFETCH).cast());
+            prefetch_ahead(b, Q::BYTES);
             for g in 0..Q::GROUPS {
                 let gr = Q::group(Avx2Bits, b, g);
                 let e = (bi * Q::GROUPS + g) * 32;
@@ -776,7 +790,7 @@ unsafe fn row_vnni<Q: QBlock>(row: &[u8], qx: &QuantX) -> f32 {
         let mut gi = 0;
         while gi + 2 <= n {
             let b = row.as_ptr().add(gi / Q::GROUPS * Q::BYTES);
-            _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(PREFETCH).cast());
+            prefetch_ahead(b, Q::BYTES * (2 / Q::GROUPS).max(1));
             let hdr = Q::header(b);
             // One pair of one-group blocks, or every pair of a block.
             for g in (0..Q::GROUPS.max(2)).step_by(2) {

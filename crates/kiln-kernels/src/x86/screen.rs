@@ -11,6 +11,9 @@ use crate::screen::{fold_lo, ScreenX, ABS_SLACK};
 /// Q8_0 block bytes: f16 scale + 32 quants.
 const BLK: usize = 34;
 
+/// How many row groups ahead the VNNI screen prefetches.
+const PREFETCH_GROUPS: usize = 2;
+
 /// Rows screened together: the `x` loads, lane values and the prefetch
 /// setup are shared across the group (each row's arithmetic is unchanged,
 /// so the results match the one-row loop bit for bit).
@@ -177,7 +180,15 @@ unsafe fn rows_vnni<const R: usize>(
     let ahead = R * row_bytes;
     let mut acc = [_mm512_setzero_ps(); R];
     let mut bacc = [_mm512_setzero_ps(); R];
+    let base = w.as_ptr().wrapping_add(r0 * row_bytes);
     for p in 0..nb / 2 {
+        // One linear sweep over the rows `PREFETCH_GROUPS` groups ahead,
+        // `R · 2 · BLK` bytes per step: a single sequential stream gets
+        // more from DRAM than one per row.
+        let pf = base.wrapping_add(PREFETCH_GROUPS * ahead + p * R * 2 * BLK);
+        for off in (0..R * 2 * BLK).step_by(64) {
+            _mm_prefetch::<_MM_HINT_T0>(pf.wrapping_add(off).cast());
+        }
         let xq = &sx.q[p * 64..][..64];
         let ld = &sx.lane_d[p * 16..][..16];
         let lc = &sx.lane_c[p * 16..][..16];
@@ -199,8 +210,6 @@ unsafe fn rows_vnni<const R: usize>(
             // `BLK + 2`; prefetch never faults.
             unsafe {
                 let bp = blk.as_ptr();
-                _mm_prefetch::<_MM_HINT_T0>(bp.wrapping_add(ahead).cast());
-                _mm_prefetch::<_MM_HINT_T0>(bp.wrapping_add(ahead + 64).cast());
                 let w0 = _mm256_loadu_si256(bp.add(2).cast());
                 let w1 = _mm256_loadu_si256(bp.add(BLK + 2).cast());
                 let wv = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(w0), w1);
