@@ -4,6 +4,7 @@
 //! are f32, accumulation f32, split over output rows on a fork/join pool.
 
 mod attention;
+mod buf;
 mod matmul;
 mod par;
 
@@ -15,6 +16,7 @@ pub use kiln_kernels::Isa;
 use kiln_model::{AttnParams, Backend, ModelError, PastKv, Result, RopeConfig};
 use kiln_quant::GgmlType;
 
+pub use crate::buf::CpuBuf;
 use crate::par::Par;
 
 /// Elements below which an elementwise op is not worth a fork/join.
@@ -108,6 +110,32 @@ impl CpuBackend {
     pub fn isa(&self) -> Isa {
         self.isa
     }
+
+    /// The LM head into any f32 slice (a device buffer or host memory).
+    fn lm_head_into(
+        &self,
+        w: &CpuWeight,
+        h: &[f32],
+        n_tok: usize,
+        softcap: Option<f32>,
+        out: &mut [f32],
+    ) -> Result<()> {
+        check(
+            &format!("lm_head {} input", w.name),
+            n_tok * w.cols,
+            h.len(),
+        )?;
+        check(
+            &format!("lm_head {} output", w.name),
+            n_tok * w.rows,
+            out.len(),
+        )?;
+        // Softcap fused per task, on outputs still in cache.
+        let isa = self.isa;
+        let cap = softcap.map(|c| move |y: &mut [f32]| kiln_kernels::softcap(isa, y, c));
+        let post = cap.as_ref().map(|f| f as &matmul::Post<'_>);
+        matmul::matmul(&self.par, isa, w, 0, w.rows, h, n_tok, out, post)
+    }
 }
 
 fn dequant(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
@@ -125,7 +153,7 @@ fn check(what: &str, need: usize, have: usize) -> Result<()> {
 }
 
 impl Backend for CpuBackend {
-    type Buf = Vec<f32>;
+    type Buf = CpuBuf;
     type Weight = CpuWeight;
 
     fn name(&self) -> &str {
@@ -175,25 +203,25 @@ impl Backend for CpuBackend {
         (w.cols, w.rows)
     }
 
-    fn alloc(&self, len: usize) -> Result<Vec<f32>> {
-        Ok(vec![0.0; len])
+    fn alloc(&self, len: usize) -> Result<CpuBuf> {
+        CpuBuf::zeroed(len)
     }
 
-    fn upload(&self, data: &[f32]) -> Result<Vec<f32>> {
-        Ok(data.to_vec())
+    fn upload(&self, data: &[f32]) -> Result<CpuBuf> {
+        CpuBuf::from_slice(data)
     }
 
-    fn buf_len(&self, b: &Vec<f32>) -> usize {
+    fn buf_len(&self, b: &CpuBuf) -> usize {
         b.len()
     }
 
-    fn download(&self, b: &Vec<f32>, offset: usize, out: &mut [f32]) -> Result<()> {
+    fn download(&self, b: &CpuBuf, offset: usize, out: &mut [f32]) -> Result<()> {
         check("download", offset + out.len(), b.len())?;
         out.copy_from_slice(&b[offset..offset + out.len()]);
         Ok(())
     }
 
-    fn embed(&self, table: &CpuWeight, ids: &[u32], scale: f32, out: &mut Vec<f32>) -> Result<()> {
+    fn embed(&self, table: &CpuWeight, ids: &[u32], scale: f32, out: &mut CpuBuf) -> Result<()> {
         let cols = table.cols;
         check("embed", ids.len() * cols, out.len())?;
         let data = table.data();
@@ -221,9 +249,9 @@ impl Backend for CpuBackend {
         w: &CpuWeight,
         row0: usize,
         n_rows: usize,
-        x: &Vec<f32>,
+        x: &CpuBuf,
         n_tok: usize,
-        out: &mut Vec<f32>,
+        out: &mut CpuBuf,
     ) -> Result<()> {
         if row0 + n_rows > w.rows {
             return Err(ModelError::Backend(format!(
@@ -244,10 +272,10 @@ impl Backend for CpuBackend {
 
     fn rms_norm(
         &self,
-        x: &mut Vec<f32>,
+        x: &mut CpuBuf,
         n_groups: usize,
         dim: usize,
-        w: Option<&Vec<f32>>,
+        w: Option<&CpuBuf>,
         eps: f32,
     ) -> Result<()> {
         check("rms_norm", n_groups * dim, x.len())?;
@@ -267,7 +295,10 @@ impl Backend for CpuBackend {
                     let ss: f64 = g.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
                     let inv = (1.0 / (ss / dim as f64 + f64::from(eps)).sqrt()) as f32;
                     match w {
-                        Some(w) => g.iter_mut().zip(w).for_each(|(v, &s)| *v = *v * inv * s),
+                        Some(w) => g
+                            .iter_mut()
+                            .zip(w.iter())
+                            .for_each(|(v, &s)| *v = *v * inv * s),
                         None => g.iter_mut().for_each(|v| *v *= inv),
                     }
                 }
@@ -277,7 +308,7 @@ impl Backend for CpuBackend {
 
     fn rope(
         &self,
-        x: &mut Vec<f32>,
+        x: &mut CpuBuf,
         n_tok: usize,
         n_heads: usize,
         head_dim: usize,
@@ -324,12 +355,12 @@ impl Backend for CpuBackend {
 
     fn attention(
         &self,
-        q: &Vec<f32>,
-        cur_k: &Vec<f32>,
-        cur_v: &Vec<f32>,
+        q: &CpuBuf,
+        cur_k: &CpuBuf,
+        cur_v: &CpuBuf,
         past: Option<PastKv<'_, Self>>,
         p: &AttnParams,
-        out: &mut Vec<f32>,
+        out: &mut CpuBuf,
     ) -> Result<()> {
         let hd = p.head_dim;
         let qd = p.n_head * hd;
@@ -363,7 +394,7 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn gelu_mul(&self, gate: &mut Vec<f32>, up: &Vec<f32>, n: usize) -> Result<()> {
+    fn gelu_mul(&self, gate: &mut CpuBuf, up: &CpuBuf, n: usize) -> Result<()> {
         check("gelu_mul", n, gate.len().min(up.len()))?;
         let isa = self.isa;
         const CHUNK: usize = PAR_MIN_ELEMS;
@@ -373,13 +404,13 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn add(&self, x: &mut Vec<f32>, y: &Vec<f32>, n: usize) -> Result<()> {
+    fn add(&self, x: &mut CpuBuf, y: &CpuBuf, n: usize) -> Result<()> {
         check("add", n, x.len().min(y.len()))?;
         x[..n].iter_mut().zip(&y[..n]).for_each(|(a, &b)| *a += b);
         Ok(())
     }
 
-    fn scale(&self, x: &mut Vec<f32>, s: f32, n: usize) -> Result<()> {
+    fn scale(&self, x: &mut CpuBuf, s: f32, n: usize) -> Result<()> {
         check("scale", n, x.len())?;
         x[..n].iter_mut().for_each(|a| *a *= s);
         Ok(())
@@ -387,10 +418,10 @@ impl Backend for CpuBackend {
 
     fn copy_strided(
         &self,
-        src: &Vec<f32>,
+        src: &CpuBuf,
         src_off: usize,
         src_stride: usize,
-        dst: &mut Vec<f32>,
+        dst: &mut CpuBuf,
         dst_off: usize,
         dst_stride: usize,
         rows: usize,
@@ -423,7 +454,7 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn softcap(&self, x: &mut Vec<f32>, c: f32, n: usize) -> Result<()> {
+    fn softcap(&self, x: &mut CpuBuf, c: f32, n: usize) -> Result<()> {
         check("softcap", n, x.len())?;
         let isa = self.isa;
         self.par.chunks_mut(&mut x[..n], PAR_MIN_ELEMS, |_, ch| {
@@ -435,29 +466,28 @@ impl Backend for CpuBackend {
     fn lm_head(
         &self,
         w: &CpuWeight,
-        h: &Vec<f32>,
+        h: &CpuBuf,
         n_tok: usize,
         softcap: Option<f32>,
-        out: &mut Vec<f32>,
+        out: &mut CpuBuf,
     ) -> Result<()> {
-        check(
-            &format!("lm_head {} input", w.name),
-            n_tok * w.cols,
-            h.len(),
-        )?;
-        check(
-            &format!("lm_head {} output", w.name),
-            n_tok * w.rows,
-            out.len(),
-        )?;
-        // Softcap fused per task, on outputs still in cache.
-        let isa = self.isa;
-        let cap = softcap.map(|c| move |y: &mut [f32]| kiln_kernels::softcap(isa, y, c));
-        let post = cap.as_ref().map(|f| f as &matmul::Post<'_>);
-        matmul::matmul(&self.par, isa, w, 0, w.rows, h, n_tok, out, post)
+        self.lm_head_into(w, h, n_tok, softcap, out)
     }
 
-    fn argmax_head(&self, w: &CpuWeight, h: &Vec<f32>) -> Result<u32> {
+    /// Host memory is this backend's memory: straight into `out`.
+    fn lm_head_to_host(
+        &self,
+        w: &CpuWeight,
+        h: &CpuBuf,
+        n_tok: usize,
+        softcap: Option<f32>,
+        _buf: &mut Option<CpuBuf>,
+        out: &mut [f32],
+    ) -> Result<()> {
+        self.lm_head_into(w, h, n_tok, softcap, out)
+    }
+
+    fn argmax_head(&self, w: &CpuWeight, h: &CpuBuf) -> Result<u32> {
         check("argmax_head", w.cols, h.len())?;
         let screened = if exact_argmax() {
             None

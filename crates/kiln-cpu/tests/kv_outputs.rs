@@ -154,3 +154,37 @@ fn nan_logits_are_errors_on_every_output_path() {
         .unwrap_err();
     assert_eq!(e.to_string(), "NaN in logits at position 2 (token 300)");
 }
+
+/// Layers store their K/V as they go, so a forward that fails after them
+/// (here: NaN logits) keeps the cache's length while the 16-row rings had
+/// room for the batch, leaving it as good as before, and empties it once
+/// the batch had overwritten ring rows the cache still needed.
+#[test]
+fn failed_forward_leaves_a_consistent_cache() {
+    let m = Model::load(CpuBackend::new(), poisoned(300)).unwrap();
+    let (a, b, c) = (tokens(6, 2), tokens(4, 3), tokens(8, 4));
+    let mut s = m.new_scratch(8).unwrap();
+    let mut out = Vec::new();
+    let mut cache = m.new_cache().unwrap();
+    m.forward(&a, &mut cache, &mut s, Output::LastHidden, &mut out)
+        .unwrap();
+    assert!(m
+        .forward(&b, &mut cache, &mut s, Output::LastLogits, &mut out)
+        .is_err());
+    assert_eq!(cache.len(), 6, "6 + 4 positions fit the rings");
+    m.forward(&c, &mut cache, &mut s, Output::LastHidden, &mut out)
+        .unwrap();
+    let mut fresh = m.new_cache().unwrap();
+    let mut want = Vec::new();
+    let ac: Vec<u32> = a.iter().chain(&c).copied().collect();
+    let mut s14 = m.new_scratch(14).unwrap();
+    m.forward(&ac, &mut fresh, &mut s14, Output::LastHidden, &mut want)
+        .unwrap();
+    let (d, _) = max_diff(&out, &want);
+    assert!(d < 1e-5, "continuing after the failure differs by {d}");
+    // 14 + 4 > 16: the batch overwrote rows of positions 0 and 1.
+    assert!(m
+        .forward(&b, &mut cache, &mut s, Output::LastLogits, &mut out)
+        .is_err());
+    assert!(cache.is_empty());
+}

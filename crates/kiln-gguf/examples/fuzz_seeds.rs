@@ -15,10 +15,10 @@ fn compact(g: &Gguf) -> Result<Vec<u8>, Box<dyn std::error::Error>> {
     let mut w = GgufWriter::new();
     w.version(g.version());
     for (k, v) in g.metadata() {
-        let v = match v {
-            Value::Array(ty, items) => Value::Array(*ty, items.iter().take(8).cloned().collect()),
-            other => other.clone(),
-        };
+        let mut v = v.clone();
+        if let Value::Array(items) = &mut v {
+            items.truncate(8);
+        }
         w.metadata(k.clone(), v);
     }
     for t in g.tensor_infos().iter().take(6) {

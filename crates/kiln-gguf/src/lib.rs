@@ -18,4 +18,4 @@ pub mod write;
 pub use error::{GgufError, Result};
 pub use kiln_quant::GgmlType;
 pub use reader::{Gguf, TensorInfo, TensorView};
-pub use value::{Value, ValueType};
+pub use value::{Array, Elem, Scalars, StringArray, Value, ValueRef, ValueType};

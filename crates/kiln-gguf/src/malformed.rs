@@ -6,7 +6,7 @@
 
 use crate::error::GgufError;
 use crate::reader::Gguf;
-use crate::value::Value;
+use crate::value::{Array, Value};
 use crate::write::{GgufWriter, Layout, WriteError};
 
 /// Checks that an error is the one a variant must produce.
@@ -310,9 +310,9 @@ impl Variants<'_> {
                 expect!("CountTooLarge", GgufError::CountTooLarge { offset, .. } if *offset == at + 4),
             );
         }
-        let strings = md.iter().position(|(_, v)| {
-            matches!(v, Value::Array(_, items) if matches!(items.first(), Some(Value::String(_))))
-        });
+        let strings = md.iter().position(
+            |(_, v)| matches!(v, Value::Array(Array::String(items)) if !items.is_empty()),
+        );
         if let Some(i) = strings {
             let at = l.kv_value[i] + 12;
             let b = self.patch(at, &u64::MAX.to_le_bytes());
@@ -331,8 +331,8 @@ impl Variants<'_> {
             }
             // One byte short: the last string's length runs past the end.
             let last_len = match &md[i].1 {
-                Value::Array(_, items) => {
-                    items.last().and_then(Value::as_str).map_or(0, str::len) as u64
+                Value::Array(Array::String(items)) => {
+                    items.iter().last().map_or(0, str::len) as u64
                 }
                 _ => 0,
             };
@@ -508,12 +508,12 @@ impl Variants<'_> {
                 expect!("DuplicateKey", GgufError::DuplicateKey { .. }),
             );
         }
-        let mut nested = Value::Array(crate::ValueType::U8, vec![Value::U8(1)]);
+        let mut nested = Array::from(vec![1u8]);
         for _ in 0..9 {
-            nested = Value::Array(crate::ValueType::Array, vec![nested]);
+            nested = Array::Array(vec![nested]);
         }
         let mut w = GgufWriter::from_gguf(g);
-        w.metadata("test.nested", nested);
+        w.metadata("test.nested", Value::Array(nested));
         self.push(
             "nesting_too_deep".into(),
             w.to_bytes()?,

@@ -1,11 +1,12 @@
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Arc;
 
 use kiln_quant::GgmlType;
 use memmap2::Mmap;
 
 use crate::error::{GgufError, Result};
-use crate::value::{Value, ValueType};
+use crate::value::{Array, Elem, FileSlice, Scalars, StringArray, Value, ValueType};
 
 const MAGIC: &[u8; 4] = b"GGUF";
 const DEFAULT_ALIGNMENT: u64 = 32;
@@ -14,13 +15,15 @@ const MAX_DIMS: u32 = 4;
 /// Arrays of arrays are legal; a depth bound keeps recursion finite.
 const MAX_NESTING: usize = 8;
 
-enum Backing {
+/// The file's bytes, shared by the parsed file and the metadata arrays
+/// that point into it.
+pub(crate) enum Backing {
     Mmap(Mmap),
     Owned(Vec<u8>),
 }
 
 impl Backing {
-    fn bytes(&self) -> &[u8] {
+    pub(crate) fn bytes(&self) -> &[u8] {
         match self {
             Backing::Mmap(m) => m,
             Backing::Owned(v) => v,
@@ -88,7 +91,7 @@ impl<'a> TensorView<'a> {
 
 /// A parsed GGUF file.
 pub struct Gguf {
-    backing: Backing,
+    backing: Arc<Backing>,
     version: u32,
     alignment: u64,
     data_start: u64,
@@ -111,6 +114,8 @@ impl std::fmt::Debug for Gguf {
 struct Cursor<'a> {
     buf: &'a [u8],
     pos: usize,
+    /// What `buf` is, for arrays that stay encoded in it.
+    file: &'a Arc<Backing>,
 }
 
 impl<'a> Cursor<'a> {
@@ -163,14 +168,19 @@ impl<'a> Cursor<'a> {
         Ok(n)
     }
 
-    fn string(&mut self, what: &'static str) -> Result<String> {
+    /// A length-prefixed UTF-8 string, borrowed from the file.
+    fn str(&mut self, what: &'static str) -> Result<&'a str> {
         let offset = self.pos as u64;
         let len = self.u64(what)?;
         if len > self.remaining() {
             return Err(GgufError::StringTooLong { what, len, offset });
         }
         let bytes = self.take(len, what)?;
-        String::from_utf8(bytes.to_vec()).map_err(|_| GgufError::BadUtf8 { offset })
+        std::str::from_utf8(bytes).map_err(|_| GgufError::BadUtf8 { offset })
+    }
+
+    fn string(&mut self, what: &'static str) -> Result<String> {
+        self.str(what).map(str::to_string)
     }
 
     fn value(&mut self, ty: ValueType, depth: usize) -> Result<Value> {
@@ -188,29 +198,99 @@ impl<'a> Cursor<'a> {
             // ggml writes bools as one byte; any non-zero is true.
             ValueType::Bool => Value::Bool(self.array::<1>("bool value")?[0] != 0),
             ValueType::String => Value::String(self.string("string value")?),
+            ValueType::Array => Value::Array(self.array_value(depth)?),
+        })
+    }
+
+    /// An array (element type, count, elements) into its typed form.
+    fn array_value(&mut self, depth: usize) -> Result<Array> {
+        let offset = self.pos as u64;
+        if depth >= MAX_NESTING {
+            return Err(GgufError::NestingTooDeep {
+                max: MAX_NESTING,
+                offset,
+            });
+        }
+        let elem_ty = self.value_type()?;
+        // Strings take at least their 8-byte length, arrays their 4-byte
+        // type and 8-byte count.
+        let min = elem_ty.scalar_size().unwrap_or(match elem_ty {
+            ValueType::String => 8,
+            _ => 12,
+        });
+        let n = self.count("array element count", min)?;
+        // Fixed-size elements stay in the file (the count check above
+        // guarantees their bytes).
+        macro_rules! scalars {
+            ($variant:ident, $t:ty, $what:literal) => {{
+                let len = n as usize * <$t as Elem>::SIZE;
+                let slice = self.slice(len as u64, $what)?;
+                Array::$variant(Scalars::from_file(slice))
+            }};
+        }
+        Ok(match elem_ty {
+            ValueType::U8 => scalars!(U8, u8, "u8 value"),
+            ValueType::I8 => scalars!(I8, i8, "i8 value"),
+            ValueType::U16 => scalars!(U16, u16, "u16 value"),
+            ValueType::I16 => scalars!(I16, i16, "i16 value"),
+            ValueType::U32 => scalars!(U32, u32, "u32 value"),
+            ValueType::I32 => scalars!(I32, i32, "i32 value"),
+            ValueType::F32 => scalars!(F32, f32, "f32 value"),
+            ValueType::U64 => scalars!(U64, u64, "u64 value"),
+            ValueType::I64 => scalars!(I64, i64, "i64 value"),
+            ValueType::F64 => scalars!(F64, f64, "f64 value"),
+            ValueType::Bool => scalars!(Bool, bool, "bool value"),
+            ValueType::String => self.strings(n)?,
             ValueType::Array => {
-                let offset = self.pos as u64;
-                if depth >= MAX_NESTING {
-                    return Err(GgufError::NestingTooDeep {
-                        max: MAX_NESTING,
-                        offset,
-                    });
-                }
-                let elem_ty = self.value_type()?;
-                // Strings take at least their 8-byte length, arrays their
-                // 4-byte type and 8-byte count.
-                let min = elem_ty.scalar_size().unwrap_or(match elem_ty {
-                    ValueType::String => 8,
-                    _ => 12,
-                });
-                let n = self.count("array element count", min)?;
-                let mut items = Vec::with_capacity(bounded_capacity::<Value>(n, self.remaining()));
+                let cap = bounded_capacity::<Array>(n, self.remaining());
+                let mut items = Vec::with_capacity(cap);
                 for _ in 0..n {
-                    items.push(self.value(elem_ty, depth + 1)?);
+                    items.push(self.array_value(depth + 1)?);
                 }
-                Value::Array(elem_ty, items)
+                Array::Array(items)
             }
         })
+    }
+
+    /// The next `len` bytes as a slice of the shared file.
+    fn slice(&mut self, len: u64, what: &'static str) -> Result<FileSlice> {
+        let start = self.pos;
+        self.take(len, what)?;
+        Ok(FileSlice {
+            file: self.file.clone(),
+            start,
+            len: len as usize,
+        })
+    }
+
+    /// `n` strings, validated and left in the file with their end offsets
+    /// (a vocabulary's text is megabytes: it is not copied). Strings
+    /// spanning 4 GiB or more, which u32 offsets cannot address, are
+    /// copied instead.
+    fn strings(&mut self, n: u64) -> Result<Array> {
+        let start = self.pos;
+        let mut ends = Vec::with_capacity(n as usize);
+        for _ in 0..n {
+            self.str("string value")?;
+            ends.extend(u32::try_from(self.pos - start).ok());
+        }
+        if ends.len() as u64 == n {
+            let len = self.pos - start;
+            let slice = FileSlice {
+                file: self.file.clone(),
+                start,
+                len,
+            };
+            return Ok(Array::String(StringArray::from_file(slice, ends.into())));
+        }
+        drop(ends);
+        let end = self.pos;
+        self.pos = start;
+        let mut a = StringArray::with_capacity(n as usize, end - start);
+        for _ in 0..n {
+            a.push(self.str("string value")?);
+        }
+        Ok(Array::String(a))
     }
 
     fn value_type(&mut self) -> Result<ValueType> {
@@ -396,8 +476,13 @@ impl Gguf {
     }
 
     fn parse(backing: Backing) -> Result<Gguf> {
+        let backing = Arc::new(backing);
         let buf = backing.bytes();
-        let mut c = Cursor { buf, pos: 0 };
+        let mut c = Cursor {
+            buf,
+            pos: 0,
+            file: &backing,
+        };
         let magic: [u8; 4] = c.array("magic")?;
         if &magic != MAGIC {
             return Err(GgufError::BadMagic { found: magic });
@@ -529,56 +614,49 @@ impl Gguf {
         v.as_str().ok_or_else(|| self.wrong(key, v, "string"))
     }
 
-    pub fn get_array(&self, key: &str) -> Result<&[Value]> {
+    pub fn get_array(&self, key: &str) -> Result<&Array> {
         let v = self.require(key)?;
         v.as_array().ok_or_else(|| self.wrong(key, v, "array"))
     }
 
-    pub fn get_str_array(&self, key: &str) -> Result<Vec<&str>> {
+    /// A string array (borrowed: one text buffer, no copy per string).
+    /// An empty array of another type counts as an empty string array.
+    pub fn get_str_array(&self, key: &str) -> Result<&StringArray> {
+        static EMPTY: StringArray = StringArray::new();
         let v = self.require(key)?;
-        let arr = v
-            .as_array()
-            .ok_or_else(|| self.wrong(key, v, "string array"))?;
-        arr.iter()
-            .map(|x| x.as_str().ok_or_else(|| self.wrong(key, v, "string array")))
-            .collect()
+        match v.as_array() {
+            Some(Array::String(s)) => Ok(s),
+            Some(a) if a.is_empty() => Ok(&EMPTY),
+            _ => Err(self.wrong(key, v, "string array")),
+        }
     }
 
+    /// An array of any numeric type, as f32.
     pub fn get_f32_array(&self, key: &str) -> Result<Vec<f32>> {
         let v = self.require(key)?;
-        let arr = v
-            .as_array()
-            .ok_or_else(|| self.wrong(key, v, "float array"))?;
-        arr.iter()
-            .map(|x| {
-                x.as_f64()
-                    .map(|f| f as f32)
-                    .ok_or_else(|| self.wrong(key, v, "float array"))
-            })
-            .collect()
+        let wrong = || self.wrong(key, v, "float array");
+        match v.as_array().ok_or_else(wrong)? {
+            Array::F32(x) => Ok(x.to_vec()),
+            arr => arr
+                .iter()
+                .map(|x| x.as_f64().map(|f| f as f32).ok_or_else(wrong))
+                .collect(),
+        }
     }
 
+    /// An array of any integer type whose values fit in i64.
     pub fn get_i64_array(&self, key: &str) -> Result<Vec<i64>> {
         let v = self.require(key)?;
-        let arr = v
-            .as_array()
-            .ok_or_else(|| self.wrong(key, v, "integer array"))?;
-        arr.iter()
-            .map(|x| {
-                x.as_i64()
-                    .ok_or_else(|| self.wrong(key, v, "integer array"))
-            })
-            .collect()
+        let wrong = || self.wrong(key, v, "integer array");
+        let arr = v.as_array().ok_or_else(wrong)?;
+        arr.iter().map(|x| x.as_i64().ok_or_else(wrong)).collect()
     }
 
     pub fn get_bool_array(&self, key: &str) -> Result<Vec<bool>> {
         let v = self.require(key)?;
-        let arr = v
-            .as_array()
-            .ok_or_else(|| self.wrong(key, v, "bool array"))?;
-        arr.iter()
-            .map(|x| x.as_bool().ok_or_else(|| self.wrong(key, v, "bool array")))
-            .collect()
+        let wrong = || self.wrong(key, v, "bool array");
+        let arr = v.as_array().ok_or_else(wrong)?;
+        arr.iter().map(|x| x.as_bool().ok_or_else(wrong)).collect()
     }
 
     /// `general.architecture`.

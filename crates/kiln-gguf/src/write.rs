@@ -28,19 +28,14 @@ use crate::value::Value;
 const DEFAULT_ALIGNMENT: u64 = 32;
 
 /// Why a writer refused to produce a file (it never writes one the reader
-/// would reject, except for duplicate metadata keys, which tests need).
+/// would reject, except for duplicate metadata keys, which tests need, and
+/// arrays nested deeper than the reader's limit).
 #[derive(Debug, thiserror::Error)]
 pub enum WriteError {
     #[error("GGUF version {0} cannot be written (2 or 3)")]
     Version(u32),
     #[error("general.alignment {0} is not a power of two in u32")]
     Alignment(String),
-    #[error("metadata {key:?}: array declared {declared} holds a {found}")]
-    MixedArray {
-        key: String,
-        declared: &'static str,
-        found: &'static str,
-    },
     #[error("tensor {name:?}: {n_dims} dimensions (1 to 4)")]
     Dims { name: String, n_dims: usize },
     #[error(
@@ -232,9 +227,6 @@ impl<'a> GgufWriter<'a> {
             return Err(WriteError::Version(version));
         }
         let alignment = self.effective_alignment()?;
-        for (key, v) in &self.metadata {
-            check_array(key, v)?;
-        }
         let mut out = Vec::new();
         let mut layout = Layout::default();
         out.extend_from_slice(b"GGUF");
@@ -288,23 +280,6 @@ fn put_str(out: &mut Vec<u8>, s: &str) {
     out.extend_from_slice(s.as_bytes());
 }
 
-/// Every element of an array (at any depth) must have the declared type.
-fn check_array(key: &str, v: &Value) -> Result<(), WriteError> {
-    if let Value::Array(ty, items) = v {
-        for item in items {
-            if item.value_type() != *ty {
-                return Err(WriteError::MixedArray {
-                    key: key.to_string(),
-                    declared: ty.name(),
-                    found: item.type_name(),
-                });
-            }
-            check_array(key, item)?;
-        }
-    }
-    Ok(())
-}
-
 fn put_value(out: &mut Vec<u8>, v: &Value) {
     match v {
         Value::U8(x) => out.push(*x),
@@ -319,12 +294,6 @@ fn put_value(out: &mut Vec<u8>, v: &Value) {
         Value::U64(x) => out.extend_from_slice(&x.to_le_bytes()),
         Value::I64(x) => out.extend_from_slice(&x.to_le_bytes()),
         Value::F64(x) => out.extend_from_slice(&x.to_le_bytes()),
-        Value::Array(ty, items) => {
-            out.extend_from_slice(&(*ty as u32).to_le_bytes());
-            out.extend_from_slice(&(items.len() as u64).to_le_bytes());
-            for item in items {
-                put_value(out, item);
-            }
-        }
+        Value::Array(a) => a.encode(out),
     }
 }

@@ -3,15 +3,18 @@
 //! re-writing each fixture reproduces it byte for byte.
 
 use kiln_gguf::write::{GgufWriter, WriteError};
-use kiln_gguf::{GgmlType, Gguf, GgufError, Value, ValueType};
+use kiln_gguf::{Array, GgmlType, Gguf, GgufError, Value, ValueType};
+
+/// A `Scalars` of the listed elements.
+macro_rules! sv {
+    ($($x:expr),* $(,)?) => {
+        vec![$($x),*].into()
+    };
+}
 
 fn every_value() -> Vec<(&'static str, Value)> {
-    let strings = |v: &[&str]| {
-        Value::Array(
-            ValueType::String,
-            v.iter().map(|s| Value::String(s.to_string())).collect(),
-        )
-    };
+    let strings = |v: &[&str]| Array::String(v.iter().collect());
+    let arr = |a: Array| Value::Array(a);
     vec![
         ("t.u8", Value::U8(u8::MAX)),
         ("t.i8", Value::I8(i8::MIN)),
@@ -29,63 +32,30 @@ fn every_value() -> Vec<(&'static str, Value)> {
         ("t.i64", Value::I64(i64::MIN)),
         ("t.f64", Value::F64(std::f64::consts::PI)),
         ("", Value::U8(0)),
+        ("t.arr_u8", arr(Array::U8(sv![0, 255]))),
+        ("t.arr_i32", arr(Array::I32(sv![-1, 7]))),
+        ("t.arr_f32", arr(Array::F32(sv![-1000.0, 0.25]))),
+        ("t.arr_bool", arr(Array::Bool(sv![true, false]))),
+        ("t.arr_u64", arr(Array::U64(sv![1 << 40]))),
+        ("t.arr_i64", arr(Array::I64(sv![-(1 << 40)]))),
+        ("t.arr_f64", arr(Array::F64(sv![1e300]))),
+        ("t.arr_i8", arr(Array::I8(sv![-3]))),
+        ("t.arr_u16", arr(Array::U16(sv![65535]))),
+        ("t.arr_i16", arr(Array::I16(sv![-2]))),
+        ("t.arr_u32", arr(Array::U32(sv![4]))),
+        ("t.arr_empty", arr(Array::empty(ValueType::F32))),
         (
-            "t.arr_u8",
-            Value::Array(ValueType::U8, vec![Value::U8(0), Value::U8(255)]),
+            "t.arr_strings",
+            arr(strings(&["<pad>", "", "▁a b", "<0xFF>"])),
         ),
-        (
-            "t.arr_i32",
-            Value::Array(ValueType::I32, vec![Value::I32(-1), Value::I32(7)]),
-        ),
-        (
-            "t.arr_f32",
-            Value::Array(ValueType::F32, vec![Value::F32(-1000.0), Value::F32(0.25)]),
-        ),
-        (
-            "t.arr_bool",
-            Value::Array(ValueType::Bool, vec![Value::Bool(true), Value::Bool(false)]),
-        ),
-        (
-            "t.arr_u64",
-            Value::Array(ValueType::U64, vec![Value::U64(1 << 40)]),
-        ),
-        (
-            "t.arr_i64",
-            Value::Array(ValueType::I64, vec![Value::I64(-(1 << 40))]),
-        ),
-        (
-            "t.arr_f64",
-            Value::Array(ValueType::F64, vec![Value::F64(1e300)]),
-        ),
-        ("t.arr_i8", Value::Array(ValueType::I8, vec![Value::I8(-3)])),
-        (
-            "t.arr_u16",
-            Value::Array(ValueType::U16, vec![Value::U16(65535)]),
-        ),
-        (
-            "t.arr_i16",
-            Value::Array(ValueType::I16, vec![Value::I16(-2)]),
-        ),
-        (
-            "t.arr_u32",
-            Value::Array(ValueType::U32, vec![Value::U32(4)]),
-        ),
-        ("t.arr_empty", Value::Array(ValueType::F32, vec![])),
-        ("t.arr_strings", strings(&["<pad>", "", "▁a b", "<0xFF>"])),
         (
             "t.arr_nested",
-            Value::Array(
-                ValueType::Array,
-                vec![
-                    strings(&["x", "yz"]),
-                    Value::Array(ValueType::U8, vec![Value::U8(9)]),
-                    Value::Array(
-                        ValueType::Array,
-                        vec![Value::Array(ValueType::Bool, vec![Value::Bool(true)])],
-                    ),
-                    Value::Array(ValueType::Array, vec![]),
-                ],
-            ),
+            arr(Array::Array(vec![
+                strings(&["x", "yz"]),
+                Array::U8(sv![9]),
+                Array::Array(vec![Array::Bool(sv![true])]),
+                Array::empty(ValueType::Array),
+            ])),
         ),
     ]
 }
@@ -110,11 +80,67 @@ fn every_value_type_round_trips() {
             .collect();
         assert_eq!(g.metadata(), expected.as_slice());
         assert_eq!(
-            g.get_str_array("t.arr_strings").unwrap(),
+            *g.get_str_array("t.arr_strings").unwrap(),
             ["<pad>", "", "▁a b", "<0xFF>"]
         );
         assert_eq!(g.tensor_infos().len(), 0);
     }
+}
+
+/// The typed accessors convert between numeric element types, borrow
+/// string arrays, and name the key on a type mismatch.
+#[test]
+fn array_accessors() {
+    let mut w = GgufWriter::new();
+    for (k, v) in every_value() {
+        w.metadata(k, v);
+    }
+    let g = Gguf::from_bytes(w.to_bytes().unwrap()).unwrap();
+    assert_eq!(g.get_f32_array("t.arr_i32").unwrap(), [-1.0, 7.0]);
+    assert_eq!(g.get_f32_array("t.arr_f64").unwrap(), [1e300f64 as f32]);
+    assert_eq!(g.get_i64_array("t.arr_u16").unwrap(), [65535]);
+    assert_eq!(g.get_bool_array("t.arr_bool").unwrap(), [true, false]);
+    // An empty array holds no element of the wrong type.
+    assert!(g.get_str_array("t.arr_empty").unwrap().is_empty());
+    assert!(g.get_i64_array("t.arr_empty").unwrap().is_empty());
+    for (key, r) in [
+        ("t.arr_strings", g.get_f32_array("t.arr_strings").err()),
+        ("t.arr_f32", g.get_i64_array("t.arr_f32").err()),
+        ("t.u8", g.get_f32_array("t.u8").err()),
+    ] {
+        assert!(
+            matches!(&r, Some(GgufError::WrongType { key: k, .. }) if k == key),
+            "{r:?}"
+        );
+    }
+    assert!(g.get_str_array("t.arr_u8").is_err());
+    let strings = g.get_str_array("t.arr_strings").unwrap();
+    assert_eq!(strings.get(2), Some("▁a b"));
+    assert_eq!(strings.get(4), None);
+    assert_eq!(strings.text_len(), 5 + 6 + 6);
+    let nested = g.get_array("t.arr_nested").unwrap();
+    assert_eq!(nested.elem_type(), ValueType::Array);
+    let inner: Vec<ValueType> = nested
+        .iter()
+        .map(|v| v.as_array().unwrap().elem_type())
+        .collect();
+    assert_eq!(
+        inner,
+        [
+            ValueType::String,
+            ValueType::U8,
+            ValueType::Array,
+            ValueType::Array
+        ]
+    );
+    assert_eq!(
+        g.get("t.arr_strings").unwrap().to_string(),
+        r#"[string; 4] ["<pad>", "", "▁a b", "<0xFF>"]"#
+    );
+    let mut long = Array::from((0..10).collect::<Vec<u32>>());
+    assert_eq!(long.to_string(), "[u32; 10] [0, 1, 2, 3, 4, 5, 6, 7, …]");
+    long.truncate(2);
+    assert_eq!(long, Array::from(vec![0u32, 1]));
 }
 
 #[test]
@@ -177,12 +203,12 @@ fn tensors_round_trip_with_alignment() {
 #[test]
 fn nesting_limit_is_eight_arrays() {
     let nest = |depth: usize| {
-        let mut v = Value::Array(ValueType::U8, vec![Value::U8(1)]);
+        let mut v = Array::U8(sv![1]);
         for _ in 1..depth {
-            v = Value::Array(ValueType::Array, vec![v]);
+            v = Array::Array(vec![v]);
         }
         let mut w = GgufWriter::new();
-        w.metadata("n", v);
+        w.metadata("n", Value::Array(v));
         Gguf::from_bytes(w.to_bytes().unwrap())
     };
     assert!(nest(8).is_ok());
@@ -230,19 +256,6 @@ fn writer_refuses_what_the_reader_would() {
     let e = w.tensor("t", &[1], GgmlType::F32, vec![0u8; 4]).err();
     assert!(matches!(e, Some(WriteError::DuplicateTensor(_))), "{e:?}");
 
-    let mut w = GgufWriter::new();
-    w.metadata(
-        "m",
-        Value::Array(ValueType::U8, vec![Value::U8(1), Value::I8(1)]),
-    );
-    assert!(matches!(
-        w.to_bytes(),
-        Err(WriteError::MixedArray {
-            declared: "u8",
-            found: "i8",
-            ..
-        })
-    ));
     let mut w = GgufWriter::new();
     w.alignment(3);
     assert!(matches!(w.to_bytes(), Err(WriteError::Alignment(_))));

@@ -145,6 +145,27 @@ pub trait Backend: Send + Sync {
         }
         Ok(())
     }
+    /// [`Backend::lm_head`] into host memory `out` (`n_tok * rows` values).
+    /// The default computes into `buf` (kept by the caller, grown as
+    /// needed) and downloads; a backend whose buffers are host memory
+    /// writes `out` directly, sparing a buffer as large as the logits.
+    #[allow(clippy::too_many_arguments)]
+    fn lm_head_to_host(
+        &self,
+        w: &Self::Weight,
+        h: &Self::Buf,
+        n_tok: usize,
+        softcap: Option<f32>,
+        buf: &mut Option<Self::Buf>,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let b = match buf {
+            Some(b) if self.buf_len(b) >= out.len() => b,
+            _ => buf.insert(self.alloc(out.len())?),
+        };
+        self.lm_head(w, h, n_tok, softcap, b)?;
+        self.download(b, 0, out)
+    }
     /// `x[i] = c * tanh(x[i] / c)` for `i < n`.
     fn softcap(&self, x: &mut Self::Buf, c: f32, n: usize) -> Result<()>;
     /// Index of the largest logit of row 0 of `h` against `W` (ties: lowest

@@ -144,7 +144,7 @@ fn req_u32(g: &Gguf, key: &str) -> Result<usize> {
 fn per_layer_u32(g: &Gguf, key: &str, n_layer: usize) -> Result<Option<Vec<usize>>> {
     match g.get(key) {
         None => Ok(None),
-        Some(Value::Array(_, arr)) => {
+        Some(Value::Array(arr)) => {
             if arr.len() != n_layer {
                 return Err(bad(
                     key,

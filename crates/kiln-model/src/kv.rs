@@ -1,6 +1,8 @@
 //! Per-layer K/V storage: a ring of `window` rows on sliding layers, a
 //! growable buffer (up to the context length) on global layers, nothing on
-//! KV-shared layers (they read their source layer's cache).
+//! KV-shared layers (they read their source layer's cache). Both kinds are
+//! allocated only as far as positions are reserved (a ring never beyond its
+//! window), so a short context costs short buffers.
 
 use crate::backend::{Backend, PastKv};
 use crate::config::ModelConfig;
@@ -11,8 +13,12 @@ pub(crate) struct LayerKv<B: Backend> {
     pub v: B::Buf,
     /// Allocated rows.
     pub rows: usize,
-    /// Sliding layers: fixed `window` rows, position `p` in row `p % rows`.
+    /// Sliding layers: position `p` in row `p % rows`. Fewer rows than the
+    /// window only while no position past them was reserved, so a ring
+    /// wraps only once it has all `window` rows.
     pub ring: bool,
+    /// The window of a ring (its most rows); unused on global layers.
+    pub window: usize,
     pub row_len: usize,
 }
 
@@ -20,7 +26,15 @@ pub struct KvCache<B: Backend> {
     pub(crate) layers: Vec<Option<LayerKv<B>>>,
     len: usize,
     max_len: usize,
+    /// The batch being stored overwrote ring rows of positions before
+    /// `len`: if it fails, the cache no longer holds them.
+    clobbered: bool,
 }
+
+/// Positions the cache grows by when a forward call outruns what was
+/// reserved: enough to amortise the copy, little enough not to double
+/// memory (callers that know the final length reserve it instead).
+const GROW_ROWS: usize = 256;
 
 impl<B: Backend> KvCache<B> {
     pub fn new(backend: &B, cfg: &ModelConfig) -> Result<Self> {
@@ -30,23 +44,24 @@ impl<B: Backend> KvCache<B> {
                 layers.push(None);
                 continue;
             }
-            let row_len = l.kv_dim();
-            let (rows, ring) = match l.window {
-                Some(w) => (w.min(cfg.context_length), true),
-                None => (0, false),
+            let (ring, window) = match l.window {
+                Some(w) => (true, w.min(cfg.context_length)),
+                None => (false, 0),
             };
             layers.push(Some(LayerKv {
-                k: backend.alloc(rows * row_len)?,
-                v: backend.alloc(rows * row_len)?,
-                rows,
+                k: backend.alloc(0)?,
+                v: backend.alloc(0)?,
+                rows: 0,
                 ring,
-                row_len,
+                window,
+                row_len: l.kv_dim(),
             }));
         }
         Ok(KvCache {
             layers,
             len: 0,
             max_len: cfg.context_length,
+            clobbered: false,
         })
     }
 
@@ -122,8 +137,9 @@ impl<B: Backend> KvCache<B> {
             .sum()
     }
 
-    /// Grows global layers to hold `n_pos` positions exactly, so a caller
-    /// that knows prompt + generation length never reallocates.
+    /// Grows every layer to hold `n_pos` positions exactly (a ring to at
+    /// most its window), so a caller that knows prompt + generation length
+    /// allocates once. Never shrinks.
     pub fn reserve(&mut self, backend: &B, n_pos: usize) -> Result<()> {
         if n_pos > self.max_len {
             return Err(ModelError::Invalid(format!(
@@ -133,23 +149,21 @@ impl<B: Backend> KvCache<B> {
         }
         let len = self.len;
         for l in self.layers.iter_mut().flatten() {
-            if !l.ring && l.rows < n_pos {
-                let mut k = backend.alloc(n_pos * l.row_len)?;
-                let mut v = backend.alloc(n_pos * l.row_len)?;
+            let rows = if l.ring { n_pos.min(l.window) } else { n_pos };
+            if l.rows < rows {
+                // A ring short of its window has not wrapped (see `ring`),
+                // so on every layer the live rows are the first `len`.
                 let live = len.min(l.rows) * l.row_len;
-                if live > 0 {
-                    backend.copy_strided(&l.k, 0, 0, &mut k, 0, 0, 1, live, 1.0, false)?;
-                    backend.copy_strided(&l.v, 0, 0, &mut v, 0, 0, 1, live, 1.0, false)?;
-                }
-                l.k = k;
-                l.v = v;
-                l.rows = n_pos;
+                l.k = grow(backend, &l.k, live, rows * l.row_len)?;
+                l.v = grow(backend, &l.v, live, rows * l.row_len)?;
+                l.rows = rows;
             }
         }
         Ok(())
     }
 
-    /// Makes room for positions up to `end` (amortised doubling).
+    /// Makes room for positions up to `end`: [`GROW_ROWS`] at a time past
+    /// what was reserved.
     pub(crate) fn ensure(&mut self, backend: &B, end: usize) -> Result<()> {
         if end > self.max_len {
             return Err(ModelError::Invalid(format!(
@@ -158,22 +172,13 @@ impl<B: Backend> KvCache<B> {
                 self.max_len
             )));
         }
-        let need = self
+        let short = self
             .layers
             .iter()
             .flatten()
-            .any(|l| !l.ring && l.rows < end);
-        if need {
-            let cur = self
-                .layers
-                .iter()
-                .flatten()
-                .filter(|l| !l.ring)
-                .map(|l| l.rows)
-                .min()
-                .unwrap_or(0);
-            let target = end.max(cur * 2).max(64).min(self.max_len);
-            self.reserve(backend, target)?;
+            .any(|l| l.rows < if l.ring { end.min(l.window) } else { end });
+        if short {
+            self.reserve(backend, end.next_multiple_of(GROW_ROWS).min(self.max_len))?;
         }
         Ok(())
     }
@@ -195,35 +200,72 @@ impl<B: Backend> KvCache<B> {
         })
     }
 
-    /// Stores `n` new rows (positions `len..len+n`) of each owning layer
-    /// from `chunk_k/chunk_v` and advances the length.
-    pub(crate) fn commit(
+    /// Writes the `n` new rows (positions `len..len + n`) of `layer` from
+    /// `k`/`v`; [`KvCache::advance`] then counts them once every layer has.
+    pub(crate) fn store(
         &mut self,
         backend: &B,
+        layer: usize,
         n: usize,
-        chunk_k: &[Option<B::Buf>],
-        chunk_v: &[Option<B::Buf>],
+        k: &B::Buf,
+        v: &B::Buf,
     ) -> Result<()> {
         let p0 = self.len;
-        for (il, slot) in self.layers.iter_mut().enumerate() {
-            let Some(l) = slot.as_mut() else { continue };
-            let (Some(ck), Some(cv)) = (&chunk_k[il], &chunk_v[il]) else {
-                return Err(ModelError::Backend(format!("layer {il}: no K/V computed")));
-            };
-            // A ring only keeps the last `rows` positions of the chunk.
-            let first = if l.ring { n.saturating_sub(l.rows) } else { 0 };
-            let mut t = first;
-            while t < n {
-                let slot_row = (p0 + t) % l.rows;
-                // Contiguous run until the ring wraps.
-                let run = (n - t).min(l.rows - slot_row);
-                let (off_s, off_d, len) = (t * l.row_len, slot_row * l.row_len, run * l.row_len);
-                backend.copy_strided(ck, off_s, 0, &mut l.k, off_d, 0, 1, len, 1.0, false)?;
-                backend.copy_strided(cv, off_s, 0, &mut l.v, off_d, 0, 1, len, 1.0, false)?;
-                t += run;
-            }
+        let Some(l) = self.layers.get_mut(layer).and_then(|l| l.as_mut()) else {
+            return Err(ModelError::Backend(format!("layer {layer}: no K/V cache")));
+        };
+        // Rows for every position (a ring: for its window), as `ensure`
+        // reserved.
+        let need = if l.ring {
+            (p0 + n).min(l.window)
+        } else {
+            p0 + n
+        };
+        if l.rows < need.max(1) {
+            return Err(ModelError::Backend(format!(
+                "layer {layer}: {} K/V rows cannot take positions up to {}",
+                l.rows,
+                p0 + n
+            )));
         }
-        self.len = p0 + n;
+        // A ring only keeps the last `rows` positions of the batch; once it
+        // wraps, the rows it writes held positions before `p0`.
+        let first = if l.ring { n.saturating_sub(l.rows) } else { 0 };
+        self.clobbered |= l.ring && p0 > 0 && p0 + n > l.rows;
+        let mut t = first;
+        while t < n {
+            let slot_row = (p0 + t) % l.rows;
+            // Contiguous run until the ring wraps.
+            let run = (n - t).min(l.rows - slot_row);
+            let (off_s, off_d, len) = (t * l.row_len, slot_row * l.row_len, run * l.row_len);
+            backend.copy_strided(k, off_s, 0, &mut l.k, off_d, 0, 1, len, 1.0, false)?;
+            backend.copy_strided(v, off_s, 0, &mut l.v, off_d, 0, 1, len, 1.0, false)?;
+            t += run;
+        }
         Ok(())
     }
+
+    /// Counts the `n` positions every layer has stored.
+    pub(crate) fn advance(&mut self, n: usize) {
+        self.len += n;
+        self.clobbered = false;
+    }
+
+    /// Ends a failed batch: rows it stored past `len` are ignored, but if it
+    /// overwrote ring rows the cache still needed, the cache is emptied.
+    pub(crate) fn abort(&mut self) {
+        if self.clobbered {
+            self.len = 0;
+        }
+        self.clobbered = false;
+    }
+}
+
+/// `buf` with room for `len` values, its first `live` kept.
+fn grow<B: Backend>(backend: &B, buf: &B::Buf, live: usize, len: usize) -> Result<B::Buf> {
+    let mut out = backend.alloc(len)?;
+    if live > 0 {
+        backend.copy_strided(buf, 0, 0, &mut out, 0, 0, 1, live, 1.0, false)?;
+    }
+    Ok(out)
 }

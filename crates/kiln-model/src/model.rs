@@ -133,6 +133,19 @@ impl TapStats {
     }
 }
 
+/// Prints the [`TapStats`] line of a debug tap.
+fn tap_host(name: &str, v: &[f32]) {
+    let t = TapStats::of(v);
+    eprintln!(
+        "[kiln layer0] {name:<14} n {:<8} min {:>11.4} max {:>11.4} rms {:>10.4} nan {}",
+        v.len(),
+        t.min,
+        t.max,
+        t.rms,
+        t.nan
+    );
+}
+
 /// Reads a small 1-D tensor (norm, scale) as f32 on the host.
 fn read_vector(g: &Gguf, name: &str, len: usize) -> Result<Vec<f32>> {
     let t = g.tensor(name).ok_or_else(|| ModelError::MissingTensor {
@@ -367,6 +380,12 @@ impl<B: Backend> Model<B> {
     /// for [`Output::Argmax`], whose token is returned). A NaN or infinite
     /// logit is an error ([`ModelError::NonFiniteLogit`]), never skipped.
     ///
+    /// A failed call leaves the cache's length as it was, except when the
+    /// batch had already overwritten sliding-window rows the cache still
+    /// needed (layers store their K/V as they go, to share one scratch
+    /// pair): then the cache is emptied. Either way `cache.len()` says what
+    /// it holds.
+    ///
     /// With `KILN_DUMP_LAYER0=1` in the environment (read at load), every
     /// call prints min/max/rms/NaN count of layer 0's stages to stderr:
     /// embed, attn_norm, q and k after norm+RoPE, attention out, post-attn
@@ -395,9 +414,6 @@ impl<B: Backend> Model<B> {
                 self.config.n_vocab
             )));
         }
-        let b = &self.backend;
-        let cfg = &self.config;
-        let d = cfg.n_embd;
         if let Output::LogitsFrom(start) = output {
             if start >= n {
                 return Err(ModelError::Invalid(format!(
@@ -405,8 +421,30 @@ impl<B: Backend> Model<B> {
                 )));
             }
         }
+        cache.ensure(&self.backend, cache.len() + n)?;
+        let r = self.run(tokens, cache, s, output, out);
+        match r {
+            Ok(_) => cache.advance(n),
+            Err(_) => cache.abort(),
+        }
+        r
+    }
+
+    /// [`Model::forward`] after its checks: every layer, the output, and
+    /// the K/V of layers other layers read, stored last.
+    fn run(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache<B>,
+        s: &mut Scratch<B>,
+        output: Output,
+        out: &mut Vec<f32>,
+    ) -> Result<Option<u32>> {
+        let b = &self.backend;
+        let cfg = &self.config;
+        let d = cfg.n_embd;
+        let n = tokens.len();
         let p0 = cache.len();
-        cache.ensure(b, p0 + n)?;
 
         b.embed(&self.token_embd, tokens, cfg.embed_scale, &mut s.x)?;
         if self.dump_layer0 {
@@ -444,14 +482,9 @@ impl<B: Backend> Model<B> {
                 None
             }
             Output::LastLogits | Output::AllLogits | Output::LogitsFrom(_) => {
-                let len = rows * cfg.n_vocab;
-                if s.logits.as_ref().is_none_or(|l| b.buf_len(l) < len) {
-                    s.logits = Some(b.alloc(len)?);
-                }
-                let logits = s.logits.as_mut().expect("allocated above");
-                b.lm_head(head, &s.h, rows, cfg.final_softcap, logits)?;
-                out.resize(len, 0.0);
-                b.download(logits, 0, out)?;
+                out.resize(rows * cfg.n_vocab, 0.0);
+                let softcap = cfg.final_softcap;
+                b.lm_head_to_host(head, &s.h, rows, softcap, &mut s.logits, out)?;
                 if let Some(i) = out.iter().position(|v| !v.is_finite()) {
                     return Err(ModelError::NonFiniteLogit {
                         pos: p0 + row0 + i / cfg.n_vocab,
@@ -462,7 +495,12 @@ impl<B: Backend> Model<B> {
                 None
             }
         };
-        cache.commit(b, n, &s.chunk_k, &s.chunk_v)?;
+        // KV-shared layers have read their sources' batch rows by now.
+        for (il, (k, v)) in s.chunk_k.iter().zip(&s.chunk_v).enumerate() {
+            if let (Some(k), Some(v)) = (k, v) {
+                cache.store(b, il, n, k, v)?;
+            }
+        }
         Ok(result)
     }
 
@@ -470,11 +508,7 @@ impl<B: Backend> Model<B> {
     fn tap(&self, name: &str, buf: &B::Buf, len: usize) -> Result<()> {
         let mut host = vec![0.0; len];
         self.backend.download(buf, 0, &mut host)?;
-        let t = TapStats::of(&host);
-        eprintln!(
-            "[kiln layer0] {name:<14} n {len:<8} min {:>11.4} max {:>11.4} rms {:>10.4} nan {}",
-            t.min, t.max, t.rms, t.nan
-        );
+        tap_host(name, &host);
         Ok(())
     }
 
@@ -511,7 +545,7 @@ impl<B: Backend> Model<B> {
         w: &LayerWeights<B>,
         n: usize,
         p0: usize,
-        cache: &KvCache<B>,
+        cache: &mut KvCache<B>,
         s: &mut Scratch<B>,
     ) -> Result<()> {
         let b = &self.backend;
@@ -527,17 +561,21 @@ impl<B: Backend> Model<B> {
         if dump {
             self.tap("attn_norm", &s.h, n * d)?;
         }
-        b.matmul(&w.q, 0, l.q_dim(), &s.h, n, &mut s.q)?;
+        b.matmul(&w.q, 0, l.q_dim(), &s.h, n, &mut s.q_up)?;
         if let Some(qn) = &w.q_norm {
-            b.rms_norm(&mut s.q, n * l.n_head, hd, Some(qn), eps)?;
+            b.rms_norm(&mut s.q_up, n * l.n_head, hd, Some(qn), eps)?;
         }
-        b.rope(&mut s.q, n, l.n_head, hd, p0, &l.rope)?;
+        b.rope(&mut s.q_up, n, l.n_head, hd, p0, &l.rope)?;
         if dump {
-            self.tap("q_norm_rope", &s.q, n * l.q_dim())?;
+            self.tap("q_norm_rope", &s.q_up, n * l.q_dim())?;
         }
+        // Layers whose K/V later layers read keep their own batch buffers;
+        // the others share one pair and store it right after attention.
+        let deferred = s.chunk_k[il].is_some();
         if l.owns_kv() {
-            let (Some(ck), Some(cv)) = (s.chunk_k[il].as_mut(), s.chunk_v[il].as_mut()) else {
-                return Err(ModelError::Backend(format!("layer {il}: no K/V scratch")));
+            let (ck, cv) = match (s.chunk_k[il].as_mut(), s.chunk_v[il].as_mut()) {
+                (Some(k), Some(v)) => (k, v),
+                _ => (&mut s.layer_k, &mut s.layer_v),
             };
             let wk = w.k.as_ref().ok_or_else(|| ModelError::MissingTensor {
                 name: format!("blk.{il}.attn_k.weight"),
@@ -560,8 +598,10 @@ impl<B: Backend> Model<B> {
             }
         }
         let src = l.kv_source;
-        let (Some(ck), Some(cv)) = (s.chunk_k[src].as_ref(), s.chunk_v[src].as_ref()) else {
-            return Err(ModelError::Backend(format!("layer {src}: no K/V scratch")));
+        let (ck, cv) = match (s.chunk_k[src].as_ref(), s.chunk_v[src].as_ref()) {
+            (Some(k), Some(v)) => (k, v),
+            _ if src == il => (&s.layer_k, &s.layer_v),
+            _ => return Err(ModelError::Backend(format!("layer {src}: no K/V scratch"))),
         };
         let params = AttnParams {
             n_tok: n,
@@ -573,38 +613,57 @@ impl<B: Backend> Model<B> {
             softcap: cfg.attn_softcap,
             window: l.window,
         };
-        b.attention(&s.q, ck, cv, cache.past(src), &params, &mut s.attn)?;
-        if dump {
-            self.tap("attn_out", &s.attn, n * l.q_dim())?;
+        b.attention(&s.q_up, ck, cv, cache.past(src), &params, &mut s.attn_gate)?;
+        if l.owns_kv() && !deferred {
+            cache.store(b, il, n, &s.layer_k, &s.layer_v)?;
         }
-        b.matmul(&w.o, 0, d, &s.attn, n, &mut s.o)?;
-        b.rms_norm(&mut s.o, n, d, Some(&w.post_attn_norm), eps)?;
         if dump {
-            self.tap("attn_post_norm", &s.o, n * d)?;
+            self.tap("attn_out", &s.attn_gate, n * l.q_dim())?;
         }
-        b.add(&mut s.x, &s.o, n * d)?;
+        // The projections' input is dead: the output projection reuses it.
+        b.matmul(&w.o, 0, d, &s.attn_gate, n, &mut s.h)?;
+        b.rms_norm(&mut s.h, n, d, Some(&w.post_attn_norm), eps)?;
+        if dump {
+            self.tap("attn_post_norm", &s.h, n * d)?;
+        }
+        b.add(&mut s.x, &s.h, n * d)?;
 
-        // --- feed-forward ---
-        b.copy_strided(&s.x, 0, 0, &mut s.h, 0, 0, 1, n * d, 1.0, false)?;
-        b.rms_norm(&mut s.h, n, d, Some(&w.ffn_norm), eps)?;
-        b.matmul(&w.gate, 0, l.ffn, &s.h, n, &mut s.gate)?;
-        b.matmul(&w.up, 0, l.ffn, &s.h, n, &mut s.up)?;
-        b.gelu_mul(&mut s.gate, &s.up, n * l.ffn)?;
-        b.matmul(&w.down, 0, d, &s.gate, n, &mut s.o)?;
-        match &w.moe {
-            None => b.rms_norm(&mut s.o, n, d, Some(&w.post_ffw_norm), eps)?,
-            Some(m) => {
-                b.rms_norm(&mut s.o, n, d, Some(&m.post_norm_1), eps)?;
-                self.moe(l, m, n, s)?;
-                b.rms_norm(&mut s.moe_out, n, d, Some(&m.post_norm_2), eps)?;
-                b.add(&mut s.o, &s.moe_out, n * d)?;
-                b.rms_norm(&mut s.o, n, d, Some(&w.post_ffw_norm), eps)?;
+        // --- feed-forward, `s.ffn_rows` rows at a time (every step is per
+        // row; MoE layers take the whole batch) ---
+        let mut ffn_out = Vec::new();
+        for r0 in (0..n).step_by(s.ffn_rows) {
+            let m = s.ffn_rows.min(n - r0);
+            b.copy_strided(&s.x, r0 * d, 0, &mut s.h, 0, 0, 1, m * d, 1.0, false)?;
+            b.rms_norm(&mut s.h, m, d, Some(&w.ffn_norm), eps)?;
+            b.matmul(&w.gate, 0, l.ffn, &s.h, m, &mut s.attn_gate)?;
+            b.matmul(&w.up, 0, l.ffn, &s.h, m, &mut s.q_up)?;
+            b.gelu_mul(&mut s.attn_gate, &s.q_up, m * l.ffn)?;
+            b.matmul(&w.down, 0, d, &s.attn_gate, m, &mut s.o)?;
+            match &w.moe {
+                None => b.rms_norm(&mut s.o, m, d, Some(&w.post_ffw_norm), eps)?,
+                Some(_) if m != n => {
+                    return Err(ModelError::Backend(format!(
+                        "layer {il}: MoE feed-forward on {m} of {n} rows"
+                    )))
+                }
+                Some(mw) => {
+                    b.rms_norm(&mut s.o, n, d, Some(&mw.post_norm_1), eps)?;
+                    self.moe(l, mw, n, s)?;
+                    b.rms_norm(&mut s.moe_out, n, d, Some(&mw.post_norm_2), eps)?;
+                    b.add(&mut s.o, &s.moe_out, n * d)?;
+                    b.rms_norm(&mut s.o, n, d, Some(&w.post_ffw_norm), eps)?;
+                }
             }
+            if dump {
+                let at = ffn_out.len();
+                ffn_out.resize(at + m * d, 0.0);
+                b.download(&s.o, 0, &mut ffn_out[at..])?;
+            }
+            b.copy_strided(&s.o, 0, 0, &mut s.x, r0 * d, 0, 1, m * d, 1.0, true)?;
         }
         if dump {
-            self.tap("ffn_out", &s.o, n * d)?;
+            tap_host("ffn_out", &ffn_out);
         }
-        b.add(&mut s.x, &s.o, n * d)?;
 
         // --- Gemma 4 per-layer input ---
         if let Some(pl) = &w.ple {
@@ -623,9 +682,9 @@ impl<B: Backend> Model<B> {
                 false,
             )?;
             b.gelu_mul(&mut s.ple_gate, &s.ple_slice, n * p)?;
-            b.matmul(&pl.proj, 0, d, &s.ple_gate, n, &mut s.o)?;
-            b.rms_norm(&mut s.o, n, d, Some(&pl.post_norm), eps)?;
-            b.add(&mut s.x, &s.o, n * d)?;
+            b.matmul(&pl.proj, 0, d, &s.ple_gate, n, &mut s.h)?;
+            b.rms_norm(&mut s.h, n, d, Some(&pl.post_norm), eps)?;
+            b.add(&mut s.x, &s.h, n * d)?;
         }
         if w.output_scale != 1.0 {
             b.scale(&mut s.x, w.output_scale, n * d)?;
@@ -724,21 +783,41 @@ impl<B: Backend> Model<B> {
     }
 }
 
+/// Rows a dense feed-forward runs at a time. Its `[rows, ffn]` gate and up
+/// projections would be the largest prefill buffers (4 MiB each for 512
+/// tokens of the 270M); 256 rows, a multiple of the GEMM's token block,
+/// still reuse each weight row across many tokens.
+const FFN_ROWS: usize = 256;
+
 /// Caller-owned activations for batches of up to `max_tokens` tokens:
 /// allocated once, reused by every forward call (no per-token allocation).
 pub struct Scratch<B: Backend> {
     max_tokens: usize,
+    /// Rows the feed-forward runs at a time ([`FFN_ROWS`]; the whole batch
+    /// when a layer is MoE).
+    ffn_rows: usize,
+    /// The residual stream, `[n, d]`.
     x: B::Buf,
+    /// `[n, d]`: a layer's normed input, then its attention output
+    /// projection; a feed-forward block's normed input; the final norm.
     h: B::Buf,
-    q: B::Buf,
-    attn: B::Buf,
+    /// The queries, then a feed-forward block's up projection (the two
+    /// never live at once).
+    q_up: B::Buf,
+    /// The attention output, then a feed-forward block's gate projection.
+    attn_gate: B::Buf,
+    /// A feed-forward block's output, `[ffn_rows, d]`.
     o: B::Buf,
-    gate: B::Buf,
-    up: B::Buf,
-    /// This batch's K/V per KV-owning layer (committed to the cache after
-    /// the last layer, so KV-shared layers and rings see consistent data).
+    /// This batch's K/V of each layer whose cache later layers read (Gemma 4
+    /// KV sharing), stored after the last layer: a sharing layer reads the
+    /// source's batch rows here and its older rows from the cache, which
+    /// storing earlier would overwrite in a sliding ring.
     chunk_k: Vec<Option<B::Buf>>,
     chunk_v: Vec<Option<B::Buf>>,
+    /// This batch's K/V of every other KV-owning layer, one pair for all:
+    /// each stores it in the cache right after its attention.
+    layer_k: B::Buf,
+    layer_v: B::Buf,
     ple: B::Buf,
     ple_tok: B::Buf,
     ple_gate: B::Buf,
@@ -766,13 +845,23 @@ impl<B: Backend> Scratch<B> {
         let max_ff = cfg.layers.iter().map(|l| l.ffn).max().unwrap_or(0);
         let moe = cfg.layers.iter().filter_map(|l| l.moe.as_ref()).next();
         let (ne, eff) = moe.map_or((0, 0), |m| (m.n_expert, m.expert_ffn));
+        let ffn_rows = if moe.is_some() { n } else { n.min(FFN_ROWS) };
+        let wide = (n * max_q).max(ffn_rows * max_ff);
         let mut chunk_k = Vec::with_capacity(cfg.n_layer);
         let mut chunk_v = Vec::with_capacity(cfg.n_layer);
+        let mut layer_kv = 0;
         for l in &cfg.layers {
-            if l.owns_kv() {
+            let read_later = cfg
+                .layers
+                .iter()
+                .any(|m| m.index != l.index && m.kv_source == l.index);
+            if l.owns_kv() && read_later {
                 chunk_k.push(Some(b.alloc(n * l.kv_dim())?));
                 chunk_v.push(Some(b.alloc(n * l.kv_dim())?));
             } else {
+                if l.owns_kv() {
+                    layer_kv = layer_kv.max(l.kv_dim());
+                }
                 chunk_k.push(None);
                 chunk_v.push(None);
             }
@@ -780,15 +869,16 @@ impl<B: Backend> Scratch<B> {
         let pw = cfg.n_layer * cfg.ple_dim;
         Ok(Scratch {
             max_tokens,
+            ffn_rows,
             x: b.alloc(n * d)?,
             h: b.alloc(n * d)?,
-            q: b.alloc(n * max_q)?,
-            attn: b.alloc(n * max_q)?,
-            o: b.alloc(n * d)?,
-            gate: b.alloc(n * max_ff)?,
-            up: b.alloc(n * max_ff)?,
+            q_up: b.alloc(wide)?,
+            attn_gate: b.alloc(wide)?,
+            o: b.alloc(ffn_rows * d)?,
             chunk_k,
             chunk_v,
+            layer_k: b.alloc(n * layer_kv)?,
+            layer_v: b.alloc(n * layer_kv)?,
             ple: b.alloc(n * pw)?,
             ple_tok: b.alloc(n * pw)?,
             ple_gate: b.alloc(n * cfg.ple_dim)?,

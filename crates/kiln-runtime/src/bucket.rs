@@ -71,7 +71,11 @@ impl DecodeLadder {
 }
 
 /// A small least-recently-used map from bucket size to a prepared plan
-/// (on the CPU: the scratch buffers sized for that bucket).
+/// (on the CPU: the scratch buffers sized for that bucket). Besides a
+/// number of plans it can bound their total bucket size
+/// ([`PlanCache::with_max_rows`]): a plan's memory grows with its bucket,
+/// so sixteen large buckets a long session once used would otherwise all
+/// stay resident.
 ///
 /// ```
 /// use kiln_runtime::bucket::PlanCache;
@@ -87,6 +91,8 @@ impl DecodeLadder {
 #[derive(Debug)]
 pub struct PlanCache<P> {
     capacity: usize,
+    /// Most bucket rows held in all (the plan being used excepted).
+    max_rows: usize,
     clock: u64,
     /// (bucket, plan, last use)
     entries: Vec<(usize, P, u64)>,
@@ -97,9 +103,29 @@ impl<P> PlanCache<P> {
     pub fn new(capacity: usize) -> PlanCache<P> {
         PlanCache {
             capacity: capacity.max(1),
+            max_rows: usize::MAX,
             clock: 0,
             entries: Vec::new(),
         }
+    }
+
+    /// Also keeps the buckets' total at most `rows`: plans are evicted
+    /// least recently used first to make room for a new one before it is
+    /// made (and stay evicted if making it fails). A single bucket larger
+    /// than `rows` is still cached, alone.
+    ///
+    /// ```
+    /// use kiln_runtime::bucket::PlanCache;
+    /// let mut c: PlanCache<()> = PlanCache::new(16).with_max_rows(1024);
+    /// for b in [512, 256, 128, 512, 300] {
+    ///     c.get_or_try_insert(b, || Ok::<_, ()>(())).unwrap();
+    /// }
+    /// // 300 needs 1024 - 300 >= the rest: 256 (least recent) goes.
+    /// assert_eq!(c.buckets(), vec![128, 300, 512]);
+    /// ```
+    pub fn with_max_rows(mut self, rows: usize) -> Self {
+        self.max_rows = rows;
+        self
     }
 
     /// The plan for `bucket`, made by `make` on a miss (evicting the least
@@ -113,12 +139,17 @@ impl<P> PlanCache<P> {
         let idx = match self.entries.iter().position(|e| e.0 == bucket) {
             Some(i) => i,
             None => {
+                // Room first, so that evicted plans are freed before the
+                // new one is allocated.
+                while !self.entries.is_empty()
+                    && self.entries.iter().map(|e| e.0).sum::<usize>()
+                        > self.max_rows.saturating_sub(bucket)
+                {
+                    self.evict_oldest();
+                }
                 let plan = make()?;
                 if self.entries.len() >= self.capacity {
-                    let oldest = (0..self.entries.len())
-                        .min_by_key(|&i| self.entries[i].2)
-                        .expect("a full cache has entries");
-                    self.entries.swap_remove(oldest);
+                    self.evict_oldest();
                 }
                 self.entries.push((bucket, plan, 0));
                 self.entries.len() - 1
@@ -127,6 +158,13 @@ impl<P> PlanCache<P> {
         let entry = &mut self.entries[idx];
         entry.2 = self.clock;
         Ok(&mut entry.1)
+    }
+
+    /// Drops the least recently used plan (if any).
+    fn evict_oldest(&mut self) {
+        if let Some(oldest) = (0..self.entries.len()).min_by_key(|&i| self.entries[i].2) {
+            self.entries.swap_remove(oldest);
+        }
     }
 
     /// Cached buckets, ascending.
@@ -231,6 +269,22 @@ mod tests {
             Err("no memory")
         );
         assert_eq!(c.len(), 16);
+    }
+
+    #[test]
+    fn plan_cache_bounds_the_rows_it_holds() {
+        let mut c: PlanCache<usize> = PlanCache::new(16).with_max_rows(100);
+        for b in [40, 30, 20] {
+            c.get_or_try_insert(b, || Ok::<_, ()>(b)).unwrap();
+        }
+        assert_eq!(c.buckets(), vec![20, 30, 40]);
+        // 60 rows: 40 and 30 (the least recent) make room.
+        c.get_or_try_insert(60, || Ok::<_, ()>(60)).unwrap();
+        assert_eq!(c.buckets(), vec![20, 60]);
+        // A bucket over the budget is kept, alone.
+        c.get_or_try_insert(150, || Ok::<_, ()>(150)).unwrap();
+        assert_eq!(c.buckets(), vec![150]);
+        assert_eq!(*c.get_or_try_insert(150, || Err(())).unwrap(), 150);
     }
 
     #[test]

@@ -168,13 +168,9 @@ impl ChatTemplate {
     pub fn from_gguf(gguf: &kiln_gguf::Gguf) -> Result<Self> {
         let token_text = |key: &str, fallback: &str| -> String {
             let id = gguf.get(key).and_then(|v| v.as_u64());
-            let tokens = gguf.get("tokenizer.ggml.tokens").and_then(|v| v.as_array());
+            let tokens = gguf.get_str_array("tokenizer.ggml.tokens").ok();
             match (id, tokens) {
-                (Some(id), Some(tokens)) => tokens
-                    .get(id as usize)
-                    .and_then(|t| t.as_str())
-                    .unwrap_or(fallback)
-                    .to_string(),
+                (Some(id), Some(tokens)) => tokens.get(id as usize).unwrap_or(fallback).to_string(),
                 _ => fallback.to_string(),
             }
         };

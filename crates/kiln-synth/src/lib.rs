@@ -224,11 +224,8 @@ pub fn metadata(spec: &SynthSpec) -> Result<Vec<(String, Value)>> {
     arch_kv("embedding_length", u(p.n_embd));
     arch_kv("block_count", u(p.n_layer));
     if p.double_wide_shared_ffn {
-        let per_layer = (0..p.n_layer).map(|il| u(p.layer_ffn(il))).collect();
-        arch_kv(
-            "feed_forward_length",
-            Value::Array(kiln_gguf::ValueType::U32, per_layer),
-        );
+        let per_layer: Vec<u32> = (0..p.n_layer).map(|il| p.layer_ffn(il) as u32).collect();
+        arch_kv("feed_forward_length", Value::Array(per_layer.into()));
     } else {
         arch_kv("feed_forward_length", u(p.ffn));
     }
@@ -260,12 +257,10 @@ pub fn metadata(spec: &SynthSpec) -> Result<Vec<(String, Value)>> {
             arch_kv("final_logit_softcapping", Value::F32(30.0));
             arch_kv("attention.shared_kv_layers", u(p.shared_kv_layers));
             arch_kv("embedding_length_per_layer_input", u(p.ple_dim));
-            let pattern = (0..p.n_layer)
-                .map(|il| Value::Bool(p.is_sliding(il)))
-                .collect();
+            let pattern: Vec<bool> = (0..p.n_layer).map(|il| p.is_sliding(il)).collect();
             arch_kv(
                 "attention.sliding_window_pattern",
-                Value::Array(kiln_gguf::ValueType::Bool, pattern),
+                Value::Array(pattern.into()),
             );
         }
     }

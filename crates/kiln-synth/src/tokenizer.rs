@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use kiln_gguf::{Gguf, Value, ValueType};
+use kiln_gguf::{Array, Gguf, Value};
 use kiln_model::Arch;
 
 use crate::Result;
@@ -69,10 +69,7 @@ fn fillers(n: usize) -> Vec<String> {
 }
 
 fn strings(items: impl IntoIterator<Item = String>) -> Value {
-    Value::Array(
-        ValueType::String,
-        items.into_iter().map(Value::String).collect(),
-    )
+    Value::Array(Array::String(items.into_iter().collect()))
 }
 
 /// A synthetic vocabulary of exactly `n_vocab` tokens: `<pad>`, `<eos>`,
@@ -115,17 +112,16 @@ pub(crate) fn synthetic(arch: Arch, n_vocab: usize) -> Vec<(String, Value)> {
     kv.push(("tokenizer.ggml.tokens".into(), strings(tokens)));
     kv.push((
         "tokenizer.ggml.scores".into(),
-        Value::Array(
-            ValueType::F32,
+        Value::Array(Array::from(
             scores
                 .into_iter()
-                .map(|s| Value::F32(if gemma4 { -1000.0 } else { s }))
-                .collect(),
-        ),
+                .map(|s| if gemma4 { -1000.0 } else { s })
+                .collect::<Vec<f32>>(),
+        )),
     ));
     kv.push((
         "tokenizer.ggml.token_type".into(),
-        Value::Array(ValueType::I32, types.into_iter().map(Value::I32).collect()),
+        Value::Array(Array::from(types)),
     ));
     if gemma4 {
         kv.push(("tokenizer.ggml.merges".into(), strings(merges)));

@@ -21,12 +21,12 @@ pub struct DecodeOptions {
 impl Tokenizer {
     fn check_id(&self, id: u32) -> Result<usize, TokenizerError> {
         let i = id as usize;
-        if i < self.texts.len() {
+        if i < self.vocab.len() {
             Ok(i)
         } else {
             Err(TokenizerError::IdOutOfRange {
                 id,
-                n_vocab: self.texts.len(),
+                n_vocab: self.vocab.len(),
             })
         }
     }
@@ -37,8 +37,8 @@ impl Tokenizer {
     /// A byte token can be half a UTF-8 character, hence bytes.
     pub fn token_to_piece(&self, id: u32, special: bool) -> Result<Cow<'_, [u8]>, TokenizerError> {
         let i = self.check_id(id)?;
-        let attr = self.attrs[i];
-        let text = self.texts[i].as_bytes();
+        let attr = TokenAttr(self.attrs[i].into());
+        let text = self.vocab.get(id).unwrap_or_default();
         let specials = TokenAttr::UNKNOWN | TokenAttr::CONTROL;
         if attr.has(specials) {
             return Ok(if special {

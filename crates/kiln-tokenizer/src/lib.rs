@@ -18,6 +18,7 @@ mod bpe;
 mod decode;
 mod error;
 mod merge;
+mod pieces;
 mod special;
 mod spm;
 mod vocab;

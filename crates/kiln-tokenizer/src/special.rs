@@ -10,6 +10,7 @@
 //! order when they do not touch an accepted one. llama.cpp orders tokens of
 //! equal length with an unstable sort; we break ties by id.
 
+use crate::pieces::Vocab;
 use crate::vocab::TokenAttr;
 
 pub(crate) enum Fragment<'a> {
@@ -32,21 +33,17 @@ pub(crate) struct SpecialMatcher {
 }
 
 impl SpecialMatcher {
-    pub(crate) fn new(texts: &[Box<str>], attrs: &[TokenAttr]) -> SpecialMatcher {
+    pub(crate) fn new(texts: &Vocab, attrs: &[TokenAttr]) -> SpecialMatcher {
         let mask = TokenAttr::CONTROL | TokenAttr::USER_DEFINED | TokenAttr::UNKNOWN;
+        let text = |id: u32| texts.get(id).unwrap_or_default();
         let mut ids: Vec<u32> = (0..texts.len() as u32)
             .filter(|&i| attrs[i as usize].has(mask))
             .collect();
-        ids.sort_by(|&a, &b| {
-            texts[b as usize]
-                .len()
-                .cmp(&texts[a as usize].len())
-                .then(a.cmp(&b))
-        });
+        ids.sort_by(|&a, &b| text(b).len().cmp(&text(a).len()).then(a.cmp(&b)));
         let mut nodes = vec![Node::default()];
         for (prio, &id) in ids.iter().enumerate() {
             let mut cur = 0usize;
-            for &b in texts[id as usize].as_bytes() {
+            for &b in text(id) {
                 let pos = nodes[cur].children.binary_search_by_key(&b, |c| c.0);
                 cur = match pos {
                     Ok(p) => nodes[cur].children[p].1 as usize,
@@ -136,7 +133,7 @@ mod tests {
     use super::*;
 
     fn split(specials: &[(&str, u32)], text: &str, parse_special: bool) -> Vec<String> {
-        let texts: Vec<Box<str>> = specials.iter().map(|s| s.0.into()).collect();
+        let texts = Vocab::new(specials.iter().map(|s| s.0).collect()).unwrap();
         let attrs: Vec<TokenAttr> = specials.iter().map(|s| TokenAttr(s.1)).collect();
         SpecialMatcher::new(&texts, &attrs)
             .partition(text.as_bytes(), parse_special)

@@ -34,7 +34,10 @@ pub(crate) fn encode(tok: &Tokenizer, raw: &[u8], space_prefix: bool, out: &mut 
     Merger::new().encode(
         tok,
         &text,
-        |pair, _| tok.lookup(pair).map(|id| Score(tok.scores[id as usize])),
+        |pair, _| {
+            let id = tok.lookup(pair)?;
+            tok.scores.get(id as usize).map(Score)
+        },
         out,
     );
 }

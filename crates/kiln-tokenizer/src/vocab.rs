@@ -1,7 +1,8 @@
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 
-use kiln_gguf::{Gguf, Value};
+use kiln_gguf::{Array, Gguf, Scalars, Value};
 
+use crate::pieces::{Inserted, Pieces, Vocab, VocabError};
 use crate::special::SpecialMatcher;
 use crate::TokenizerError;
 
@@ -42,7 +43,8 @@ impl TokenType {
 
 /// Effective token attributes (llama.cpp's `llama_token_attr` bits): the
 /// GGUF type, plus the overrides applied at load (e.g. end-of-generation
-/// tokens forced to control).
+/// tokens forced to control). The six bits used fit a byte, which is how
+/// a tokenizer stores them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct TokenAttr(pub u32);
 
@@ -94,13 +96,18 @@ impl TokenAttr {
 #[derive(Debug)]
 pub struct Tokenizer {
     pub(crate) kind: TokenizerKind,
-    pub(crate) texts: Vec<Box<str>>,
-    pub(crate) scores: Vec<f32>,
-    pub(crate) types: Vec<TokenType>,
-    pub(crate) attrs: Vec<TokenAttr>,
-    pub(crate) token_to_id: HashMap<Box<[u8]>, u32>,
-    /// Gemma 4 merges: key = `len(left) as u32 LE ++ left ++ right`.
-    pub(crate) merges: HashMap<Box<[u8]>, u32>,
+    /// Token texts by id, indexed by text (valid UTF-8, unique).
+    pub(crate) vocab: Vocab,
+    /// One per token (the GGUF's own array when it holds f32s).
+    pub(crate) scores: Scalars<f32>,
+    /// `tokenizer.ggml.token_type` (None: absent, every token normal).
+    pub(crate) types: Option<Scalars<i32>>,
+    /// Each token's [`TokenAttr`] bits, a byte each.
+    pub(crate) attrs: Vec<u8>,
+    /// Gemma 4 merges: key = `len(left) as u32 LE ++ left ++ right`, its
+    /// rank in `merge_ranks` by key id.
+    pub(crate) merges: Pieces,
+    pub(crate) merge_ranks: Vec<u32>,
     /// Byte-fallback token for each byte value, if the vocabulary has one.
     pub(crate) byte_tokens: [Option<u32>; 256],
     pub(crate) special: SpecialMatcher,
@@ -213,7 +220,8 @@ fn opt_bool(g: &Gguf, key: &str) -> Option<bool> {
 
 impl Tokenizer {
     /// Build the tokenizer described by a GGUF file's `tokenizer.ggml.*`
-    /// metadata.
+    /// metadata. Token texts (and f32 scores) are shared with the file, not
+    /// copied: the tokenizer keeps its bytes alive.
     pub fn from_gguf(g: &Gguf) -> Result<Tokenizer, TokenizerError> {
         let model = g.get_str("tokenizer.ggml.model")?;
         let kind = match model {
@@ -227,9 +235,11 @@ impl Tokenizer {
         if n == 0 || n > i32::MAX as usize {
             return Err(TokenizerError::Invalid(format!("vocabulary size {n}")));
         }
-        let scores = match g.get("tokenizer.ggml.scores") {
-            None => vec![0.0; n],
-            Some(_) => g.get_f32_array("tokenizer.ggml.scores")?,
+        // Shared with the GGUF when stored as f32 (no copy), else converted.
+        let mut scores: Scalars<f32> = match g.get("tokenizer.ggml.scores") {
+            None => vec![0.0; n].into(),
+            Some(Value::Array(Array::F32(s))) => s.clone(),
+            Some(_) => g.get_f32_array("tokenizer.ggml.scores")?.into(),
         };
         if scores.len() < n {
             return Err(TokenizerError::Invalid(format!(
@@ -237,46 +247,53 @@ impl Tokenizer {
                 scores.len()
             )));
         }
-        let types: Vec<TokenType> = match g.get("tokenizer.ggml.token_type") {
-            None => vec![TokenType::Normal; n],
-            Some(_) => g
-                .get_i64_array("tokenizer.ggml.token_type")?
-                .into_iter()
-                .map(TokenType::from_gguf)
-                .collect(),
+        scores.truncate(n);
+        // As the GGUF stores them (shared when i32, as llama.cpp writes
+        // them); a value outside i32 is no known type either way.
+        let types: Option<Scalars<i32>> = match g.get("tokenizer.ggml.token_type") {
+            None => None,
+            Some(Value::Array(Array::I32(t))) => Some(t.clone()),
+            Some(_) => Some(
+                g.get_i64_array("tokenizer.ggml.token_type")?
+                    .into_iter()
+                    .map(|t| i32::try_from(t).unwrap_or(0))
+                    .collect::<Vec<i32>>()
+                    .into(),
+            ),
         };
-        if types.len() < n {
+        let types = types.map(|mut t| {
+            t.truncate(n);
+            t
+        });
+        let type_of = |id: usize| match &types {
+            None => TokenType::Normal,
+            Some(t) => TokenType::from_gguf(t.get(id).unwrap_or(0).into()),
+        };
+        if let Some(t) = types.as_ref().filter(|t| t.len() < n) {
             return Err(TokenizerError::Invalid(format!(
                 "{} token types for {n} tokens",
-                types.len()
+                t.len()
             )));
         }
 
-        let mut texts = Vec::with_capacity(n);
-        let mut token_to_id = HashMap::with_capacity(n);
-        for (i, t) in raw_texts.iter().enumerate() {
-            // llama.cpp renames empty tokens so that they stay unique.
-            let t: Box<str> = if t.is_empty() {
-                format!("[EMPTY_{i}]").into()
-            } else {
-                (*t).into()
-            };
-            if token_to_id
-                .insert(t.as_bytes().to_vec().into_boxed_slice(), i as u32)
-                .is_some()
-            {
-                return Err(TokenizerError::Invalid(format!("duplicate token {t:?}")));
-            }
-            texts.push(t);
-        }
-        let mut attrs: Vec<TokenAttr> = types[..n]
-            .iter()
-            .map(|&t| TokenAttr::from_type(t))
-            .collect();
+        let vocab = Vocab::new(raw_texts.clone()).map_err(|e| {
+            TokenizerError::Invalid(match e {
+                VocabError::Duplicate(t) => format!("duplicate token {t:?}"),
+                VocabError::TooLarge => format!("vocabulary of {n} tokens too large"),
+            })
+        })?;
+        let mut attrs: Vec<TokenAttr> =
+            (0..n).map(|id| TokenAttr::from_type(type_of(id))).collect();
 
-        let mut merges = HashMap::new();
+        let mut merges = Pieces::default();
+        let mut merge_ranks = Vec::new();
         if kind == TokenizerKind::Gemma4 {
-            for (rank, m) in g.get_str_array("tokenizer.ggml.merges")?.iter().enumerate() {
+            let list = g.get_str_array("tokenizer.ggml.merges")?;
+            // Each key is its merge's text plus a 4-byte length less the space.
+            merges = Pieces::with_capacity(list.len(), list.text_len() + 3 * list.len());
+            merge_ranks.reserve_exact(list.len());
+            let mut key = Vec::new();
+            for (rank, m) in list.iter().enumerate() {
                 // Split at the first space after position 1 (a merge may
                 // start with a literal space); entries without one are
                 // ignored, and the first rank of a repeated pair wins.
@@ -285,9 +302,13 @@ impl Tokenizer {
                 let Some(pos) = m.iter().skip(1).position(|&b| b == b' ').map(|p| p + 1) else {
                     continue;
                 };
-                let mut key = Vec::new();
                 merge_key_into(&mut key, &m[..pos], &m[pos + 1..]);
-                merges.entry(key.into_boxed_slice()).or_insert(rank as u32);
+                let added = merges
+                    .insert(&key)
+                    .map_err(|_| TokenizerError::Invalid("merge list above 4 GiB".into()))?;
+                if let Inserted::New(_) = added {
+                    merge_ranks.push(rank as u32);
+                }
             }
         }
 
@@ -357,7 +378,7 @@ impl Tokenizer {
 
         // Text-based detection of special tokens, in llama.cpp's order:
         // each found token also becomes CONTROL.
-        let lookup = |name: &str| token_to_id.get(name.as_bytes()).copied();
+        let lookup = |name: &str| vocab.find(name.as_bytes());
         let make_control = |attrs: &mut Vec<TokenAttr>, id: u32| {
             attrs[id as usize].0 |= TokenAttr::CONTROL;
         };
@@ -380,8 +401,9 @@ impl Tokenizer {
         detect(&mut fim_rep, FIM_REP_NAMES, &mut attrs);
         detect(&mut fim_sep, FIM_SEP_NAMES, &mut attrs);
 
-        for (a, t) in attrs.iter_mut().zip(&texts) {
-            if a.is_control() && t.contains("unused") {
+        for (id, a) in attrs.iter_mut().enumerate() {
+            let text = vocab.get(id as u32).unwrap_or_default();
+            if a.is_control() && text.windows(6).any(|w| w == b"unused") {
                 a.0 |= TokenAttr::UNUSED;
             }
         }
@@ -402,7 +424,9 @@ impl Tokenizer {
         eog.extend([eos, eot, eom].into_iter().flatten());
 
         let eog_text = |eog: &BTreeSet<u32>, name: &str| {
-            eog.iter().copied().find(|&id| &*texts[id as usize] == name)
+            eog.iter()
+                .copied()
+                .find(|&id| vocab.get(id) == Some(name.as_bytes()))
         };
         // o200k_harmony / solar-open: "<|end|>" is not end-of-generation.
         let has = |eog: &BTreeSet<u32>, name: &str| eog_text(eog, name).is_some();
@@ -425,23 +449,24 @@ impl Tokenizer {
         let mut byte_tokens = [None; 256];
         for (b, slot) in byte_tokens.iter_mut().enumerate() {
             let hex = format!("<0x{b:02X}>");
-            *slot = token_to_id.get(hex.as_bytes()).copied();
+            *slot = vocab.find(hex.as_bytes());
             // SentencePiece falls back to the byte itself as a token.
             if slot.is_none() && kind == TokenizerKind::Spm && b != 0 {
-                *slot = token_to_id.get(&[b as u8][..]).copied();
+                *slot = vocab.find(&[b as u8]);
             }
         }
 
-        let special = SpecialMatcher::new(&texts, &attrs);
+        let special = SpecialMatcher::new(&vocab, &attrs);
 
         Ok(Tokenizer {
             kind,
-            texts,
-            scores: scores[..n].to_vec(),
-            types: types[..n].to_vec(),
-            attrs,
-            token_to_id,
+            vocab,
+            scores,
+            types,
+            // Every attribute bit fits a byte (see `TokenAttr`).
+            attrs: attrs.iter().map(|a| a.0 as u8).collect(),
             merges,
+            merge_ranks,
             byte_tokens,
             special,
             bos,
@@ -465,7 +490,7 @@ impl Tokenizer {
 
     /// Number of tokens in the vocabulary.
     pub fn n_vocab(&self) -> usize {
-        self.texts.len()
+        self.vocab.len()
     }
 
     pub fn bos_id(&self) -> Option<u32> {
@@ -518,31 +543,39 @@ impl Tokenizer {
 
     /// The type stored in the GGUF (before load-time overrides).
     pub fn token_type(&self, id: u32) -> Option<TokenType> {
-        self.types.get(id as usize).copied()
+        if id as usize >= self.n_vocab() {
+            return None;
+        }
+        let t = self
+            .types
+            .as_ref()
+            .map_or(1, |t| t.get(id as usize).unwrap_or(0));
+        Some(TokenType::from_gguf(t.into()))
     }
 
     /// The effective attributes (after load-time overrides).
     pub fn token_attr(&self, id: u32) -> Option<TokenAttr> {
-        self.attrs.get(id as usize).copied()
+        self.attrs.get(id as usize).map(|&a| TokenAttr(a.into()))
     }
 
     pub fn token_score(&self, id: u32) -> Option<f32> {
-        self.scores.get(id as usize).copied()
+        self.scores.get(id as usize)
     }
 
     /// The vocabulary text of a token (with `▁` for spaces, `<0xXX>` for
     /// byte tokens).
     pub fn token_text(&self, id: u32) -> Option<&str> {
-        self.texts.get(id as usize).map(|s| &**s)
+        // Always UTF-8: every text was inserted from a `str`.
+        std::str::from_utf8(self.vocab.get(id)?).ok()
     }
 
     /// The id whose vocabulary text is exactly `text`.
     pub fn token_id(&self, text: &str) -> Option<u32> {
-        self.token_to_id.get(text.as_bytes()).copied()
+        self.vocab.find(text.as_bytes())
     }
 
     pub(crate) fn lookup(&self, bytes: &[u8]) -> Option<u32> {
-        self.token_to_id.get(bytes).copied()
+        self.vocab.find(bytes)
     }
 
     /// Tokenize `text` the way `llama_tokenize(text, add_special,
@@ -604,7 +637,7 @@ impl Tokenizer {
     }
 
     pub(crate) fn merge_rank(&self, key: &[u8]) -> Option<u32> {
-        self.merges.get(key).copied()
+        self.merges.find(key).map(|i| self.merge_ranks[i as usize])
     }
 }
 

@@ -241,8 +241,8 @@ pub fn run(a: Args) -> Result<()> {
     if tests.is_empty() {
         bail!("nothing to benchmark: -p and -n are both 0");
     }
-    let (mut session, path, load) = a.model.load(false)?;
-    let info = ModelInfo::read(&Gguf::open(&path)?);
+    let (mut session, _, load) = a.model.load(false)?;
+    let info = ModelInfo::read(session.gguf());
     let threads = a.model.thread_count();
     let max_ctx = session.options().max_context;
     for t in &tests {

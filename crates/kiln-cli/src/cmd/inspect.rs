@@ -6,7 +6,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use kiln_gguf::{Gguf, Value};
+use kiln_gguf::{Gguf, Value, ValueRef};
 use kiln_model::{LayerConfig, ModelConfig};
 use serde_json::json;
 
@@ -71,7 +71,7 @@ fn to_json(path: &Path, g: &Gguf, config: &ModelConfig) -> serde_json::Value {
     let metadata: serde_json::Map<String, serde_json::Value> = g
         .metadata()
         .iter()
-        .map(|(k, v)| (k.clone(), value_json(v)))
+        .map(|(k, v)| (k.clone(), value_json(v.view())))
         .collect();
     let by_type: serde_json::Map<String, serde_json::Value> = tensor_stats(g)
         .into_iter()
@@ -97,26 +97,26 @@ fn to_json(path: &Path, g: &Gguf, config: &ModelConfig) -> serde_json::Value {
 
 /// Scalars as JSON values; arrays longer than [`ARRAY_HEAD`] as
 /// `{"type", "len", "head"}`.
-fn value_json(v: &Value) -> serde_json::Value {
+fn value_json(v: ValueRef<'_>) -> serde_json::Value {
     match v {
-        Value::U8(x) => json!(x),
-        Value::I8(x) => json!(x),
-        Value::U16(x) => json!(x),
-        Value::I16(x) => json!(x),
-        Value::U32(x) => json!(x),
-        Value::I32(x) => json!(x),
-        Value::U64(x) => json!(x),
-        Value::I64(x) => json!(x),
-        Value::F32(x) => json!(x),
-        Value::F64(x) => json!(x),
-        Value::Bool(x) => json!(x),
-        Value::String(s) => json!(s),
-        Value::Array(ty, items) if items.len() > ARRAY_HEAD => json!({
-            "type": ty.name(),
-            "len": items.len(),
-            "head": items.iter().take(ARRAY_HEAD).map(value_json).collect::<Vec<_>>(),
+        ValueRef::U8(x) => json!(x),
+        ValueRef::I8(x) => json!(x),
+        ValueRef::U16(x) => json!(x),
+        ValueRef::I16(x) => json!(x),
+        ValueRef::U32(x) => json!(x),
+        ValueRef::I32(x) => json!(x),
+        ValueRef::U64(x) => json!(x),
+        ValueRef::I64(x) => json!(x),
+        ValueRef::F32(x) => json!(x),
+        ValueRef::F64(x) => json!(x),
+        ValueRef::Bool(x) => json!(x),
+        ValueRef::String(s) => json!(s),
+        ValueRef::Array(a) if a.len() > ARRAY_HEAD => json!({
+            "type": a.elem_type().name(),
+            "len": a.len(),
+            "head": a.iter().take(ARRAY_HEAD).map(value_json).collect::<Vec<_>>(),
         }),
-        Value::Array(_, items) => items.iter().map(value_json).collect(),
+        ValueRef::Array(a) => a.iter().map(value_json).collect(),
     }
 }
 

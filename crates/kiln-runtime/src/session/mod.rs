@@ -2,11 +2,15 @@
 //! the buffers prefill and decode run in.
 //!
 //! - **Prefill** runs at a [`prefill_bucket`] size; each bucket has its own
-//!   scratch, kept in an LRU [`PlanCache`] of 16, so buffers are sized once per
-//!   bucket. The CPU computes only the real rows of a padded bucket ("active
-//!   extent"). Prompts longer than `max_prefill` run in chunks.
-//! - **Decode** grows the KV cache along a [`DecodeLadder`] of power-of-two
-//!   capacities and runs in one 1-token scratch: no allocation per token.
+//!   scratch, kept in an LRU [`PlanCache`] of 16 (and at most twice
+//!   `max_prefill` rows in all), so buffers are sized once per bucket. The
+//!   CPU computes only the real rows of a padded bucket ("active extent").
+//!   Prompts longer than `max_prefill` run in chunks.
+//! - **Decode** runs in one 1-token scratch, its KV-length buckets a
+//!   [`DecodeLadder`] of power-of-two capacities. The cache itself is
+//!   allocated for the request's known length (prompt + `max_tokens`) up
+//!   front, growing in small steps within the rung only if a call outruns
+//!   it: no allocation per token, no doubled memory.
 //!   Greedy requests use the model's argmax head (no logits materialised).
 //! - **Reuse**: the session remembers which tokens its cache holds and the
 //!   output of the last one. A prompt equal to the previous one (e.g.
@@ -123,7 +127,8 @@ impl<B: Backend> Session<B> {
             });
         }
         opts.max_prefill = opts.max_prefill.min(opts.max_context);
-        let mut plans = PlanCache::new(PLAN_CACHE_SIZE);
+        // Room for the largest bucket and as many rows of smaller ones.
+        let mut plans = PlanCache::new(PLAN_CACHE_SIZE).with_max_rows(2 * opts.max_prefill);
         // The smallest bucket is prepared up front (short prompts are common).
         plans.get_or_try_insert(1, || model.new_scratch(1))?;
         let decode_scratch = model.new_scratch(1)?;
@@ -159,6 +164,11 @@ impl<B: Backend> Session<B> {
     /// The model's configuration.
     pub fn config(&self) -> &ModelConfig {
         &self.runner.model.config
+    }
+    /// The parsed GGUF file the model's weights are mapped from (its
+    /// metadata and tensor list, without opening the file again).
+    pub fn gguf(&self) -> &Arc<Gguf> {
+        self.runner.model.gguf()
     }
     /// The tokenizer.
     pub fn tokenizer(&self) -> &Tokenizer {
@@ -236,6 +246,7 @@ impl<B: Backend> Session<B> {
     pub fn logits_all<'p>(&mut self, prompt: impl Into<Prompt<'p>>) -> Result<Vec<f32>> {
         let ids = self.fit_prompt(self.tokenize(prompt.into())?, 1)?;
         self.runner.reset();
+        self.runner.reserve_exact(ids.len())?;
         let n_vocab = self.runner.model.config.n_vocab;
         let mut all = Vec::with_capacity(ids.len() * n_vocab);
         let mut rows = Vec::new();
@@ -267,6 +278,7 @@ impl<B: Backend> Session<B> {
             });
         }
         self.runner.reset();
+        self.runner.reserve_exact(ids.len())?;
         let d = self.runner.model.config.n_embd;
         let mut sum = vec![0.0f64; d];
         let mut rows = Vec::new();
@@ -355,6 +367,7 @@ impl<B: Backend> Session<B> {
         let mut chunk = Vec::with_capacity(n_ctx);
         let mut rows = Vec::new();
         let n_chunks = (tokens.len() / n_ctx).min(max_chunks.unwrap_or(usize::MAX));
+        self.runner.reserve_exact(n_ctx)?;
         for k in 0..n_chunks {
             chunk.clear();
             chunk.extend_from_slice(&tokens[k * n_ctx..(k + 1) * n_ctx]);
@@ -426,6 +439,11 @@ impl<B: Backend> Session<B> {
         let mut step_span = (f64::INFINITY, 0.0f64);
 
         let runner = &mut self.runner;
+        // The prompt and every step but the last token's: the cache's final
+        // length, reserved once (decode then never reallocates).
+        runner
+            .reserve_exact(ids.len().saturating_add(params.max_tokens - 1))
+            .map_err(|e| e.at_step(0))?;
         runner
             .prefill(&ids, Need::Logits, &mut stats)
             .map_err(|e| e.at_step(0))?;

@@ -41,7 +41,7 @@ pub(super) struct Runner<B: Backend> {
     pub(super) plans: PlanCache<Scratch<B>>,
     pub(super) decode_scratch: Scratch<B>,
     pub(super) ladder: DecodeLadder,
-    /// KV positions reserved so far (a ladder rung).
+    /// KV positions the cache has room for.
     pub(super) reserved: usize,
     pub(super) max_prefill: usize,
     pub(super) max_context: usize,
@@ -69,6 +69,7 @@ impl<B: Backend> Runner<B> {
             stats.reused_tokens = ids.len();
             return Ok(());
         }
+        self.reserve_exact(ids.len())?;
         let keep = self.reusable_prefix(ids);
         if keep < self.cached.len() {
             // Rewind to the common prefix. The cache refuses when a sliding
@@ -163,8 +164,14 @@ impl<B: Backend> Runner<B> {
         let cache = &mut self.cache;
         let t0 = self.trace_timing.then(Instant::now);
         let p0 = cache.len();
-        self.pool
-            .install(|| model.forward(chunk, cache, scratch, output, out))?;
+        let r = self
+            .pool
+            .install(|| model.forward(chunk, cache, scratch, output, out));
+        if let Err(e) = r {
+            // A failed forward may have emptied the cache.
+            self.cached.truncate(self.cache.len());
+            return Err(e.into());
+        }
         if let Some(t0) = t0 {
             let secs = t0.elapsed().as_secs_f64();
             eprintln!(
@@ -189,7 +196,15 @@ impl<B: Backend> Runner<B> {
         };
         let r = self
             .pool
-            .install(|| model.forward(&[id], cache, scratch, output, buf))?;
+            .install(|| model.forward(&[id], cache, scratch, output, buf));
+        let r = match r {
+            Ok(r) => r,
+            Err(e) => {
+                // A failed forward may have emptied the cache.
+                self.cached.truncate(self.cache.len());
+                return Err(e.into());
+            }
+        };
         self.cached.push(id);
         self.last = match (output, r) {
             (Output::Argmax, Some(t)) if (t as usize) < model.config.n_vocab => Last::Argmax(t),
@@ -200,7 +215,23 @@ impl<B: Backend> Runner<B> {
         Ok(())
     }
 
-    /// Grows the cache to the ladder rung holding `n_pos` positions.
+    /// Reserves room for exactly `n_pos` positions (capped at the context),
+    /// for a request whose final length is known: one allocation, no copy
+    /// later, nothing unused.
+    pub(super) fn reserve_exact(&mut self, n_pos: usize) -> Result<()> {
+        let n_pos = n_pos.min(self.max_context);
+        if n_pos > self.reserved {
+            self.cache.reserve(self.model.backend(), n_pos)?;
+            self.reserved = n_pos;
+        }
+        Ok(())
+    }
+
+    /// Makes room for `n_pos` positions when a forward call outruns what
+    /// was reserved: [`KV_GROW_ROWS`] at a time, never past the ladder rung
+    /// holding `n_pos` (the KV-length bucket a decode step runs in).
+    /// Growth copies the cache, so requests reserve their length up front
+    /// ([`Runner::reserve_exact`]) and this is the fallback.
     pub(super) fn reserve_kv(&mut self, n_pos: usize) -> Result<()> {
         if n_pos <= self.reserved {
             return Ok(());
@@ -213,11 +244,16 @@ impl<B: Backend> Runner<B> {
                 reserve: 0,
                 max_context: self.max_context,
             })?;
-        self.cache.reserve(self.model.backend(), rung)?;
-        self.reserved = rung;
+        let rows = n_pos.next_multiple_of(KV_GROW_ROWS).min(rung);
+        self.cache.reserve(self.model.backend(), rows)?;
+        self.reserved = rows;
         Ok(())
     }
 }
+
+/// Rows a cache grows by past its reservation: amortises the copy without
+/// doubling memory.
+const KV_GROW_ROWS: usize = 256;
 
 pub(super) fn check_hidden(h: &[f32]) -> Result<()> {
     if h.iter().any(|x| !x.is_finite()) {
