@@ -37,6 +37,8 @@ struct Scratch {
 
 thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+    /// Decode split partials of the calling thread.
+    static PARTS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Cached K/V before `p0`: position `pos` lives in row `pos % rows`.
@@ -247,13 +249,16 @@ pub(crate) fn attention(
     // Few tokens: split keys; partial (m, l, acc) per (item, split).
     let items = p.n_tok * nkv;
     let part = 2 * g + gd;
-    let mut parts = vec![0.0f32; items * splits * part];
+    // The caller's partials buffer, reused across calls (no allocation per
+    // decode step); put back at the end.
+    let mut parts = PARTS.with(|c| std::mem::take(&mut *c.borrow_mut()));
+    parts.clear();
+    parts.resize(items * splits * part, 0.0);
     par.chunks_mut(&mut parts, part, |i, pp| {
         let (idx, s) = (i / splits, i % splits);
         let (t, kvh) = (idx / nkv, idx % nkv);
         let pos = p.p0 + t;
-        let vis = vec![(lo_of(p, pos), pos); g];
-        let (rs, nr) = runs(past, cur_k, cur_v, p, vis[0], kvh);
+        let (rs, nr) = runs(past, cur_k, cur_v, p, (lo_of(p, pos), pos), kvh);
         let total: usize = rs[..nr].iter().map(|r| r.n).sum();
         let (a, b) = (total * s / splits, total * (s + 1) / splits);
         let (ml, acc) = pp.split_at_mut(2 * g);
@@ -261,8 +266,10 @@ pub(crate) fn attention(
         m.fill(f32::NEG_INFINITY);
         let qg = &q[t * qd + kvh * gd..][..gd];
         SCRATCH.with(|cell| {
-            let sc = &mut cell.borrow_mut().scores;
-            fold(isa, qg, &vis, &rs[..nr], a, b - a, p, m, l, acc, sc);
+            let Scratch { scores, vis, .. } = &mut *cell.borrow_mut();
+            vis.clear();
+            vis.resize(g, (lo_of(p, pos), pos));
+            fold(isa, qg, vis, &rs[..nr], a, b - a, p, m, l, acc, scores);
         });
     });
     for (idx, o) in out[..items * gd].chunks_mut(gd).enumerate() {
@@ -288,4 +295,5 @@ pub(crate) fn attention(
             oh.iter_mut().for_each(|x| *x *= inv);
         }
     }
+    PARTS.with(|c| *c.borrow_mut() = parts);
 }

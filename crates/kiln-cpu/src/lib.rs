@@ -24,6 +24,8 @@ const PAR_MIN_ELEMS: usize = 1 << 14;
 
 thread_local! {
     static ROPE_CS: RefCell<Vec<(f32, f32)>> = const { RefCell::new(Vec::new()) };
+    /// The caller's RoPE inverse frequencies and the config they are for.
+    static ROPE_INV: RefCell<(Option<RopeConfig>, Vec<f64>)> = const { RefCell::new((None, Vec::new())) };
 }
 
 /// A packed matrix bound by tensor name in a mapped GGUF file.
@@ -120,16 +122,8 @@ impl CpuBackend {
         softcap: Option<f32>,
         out: &mut [f32],
     ) -> Result<()> {
-        check(
-            &format!("lm_head {} input", w.name),
-            n_tok * w.cols,
-            h.len(),
-        )?;
-        check(
-            &format!("lm_head {} output", w.name),
-            n_tok * w.rows,
-            out.len(),
-        )?;
+        check_w("lm_head", &w.name, "input", n_tok * w.cols, h.len())?;
+        check_w("lm_head", &w.name, "output", n_tok * w.rows, out.len())?;
         // Softcap fused per task, on outputs still in cache.
         let isa = self.isa;
         let cap = softcap.map(|c| move |y: &mut [f32]| kiln_kernels::softcap(isa, y, c));
@@ -148,6 +142,15 @@ fn check(what: &str, need: usize, have: usize) -> Result<()> {
         return Err(ModelError::Backend(format!(
             "{what}: needs {need} elements, buffer has {have}"
         )));
+    }
+    Ok(())
+}
+
+/// [`check`] for the `part` buffer of `op` on weight `name`; the message is
+/// only formatted on failure (this runs on every decode matmul).
+fn check_w(op: &str, name: &str, part: &str, need: usize, have: usize) -> Result<()> {
+    if need > have {
+        return check(&format!("{op} {name} {part}"), need, have);
     }
     Ok(())
 }
@@ -261,12 +264,8 @@ impl Backend for CpuBackend {
                 w.rows
             )));
         }
-        check(&format!("matmul {} input", w.name), n_tok * w.cols, x.len())?;
-        check(
-            &format!("matmul {} output", w.name),
-            n_tok * n_rows,
-            out.len(),
-        )?;
+        check_w("matmul", &w.name, "input", n_tok * w.cols, x.len())?;
+        check_w("matmul", &w.name, "output", n_tok * n_rows, out.len())?;
         matmul::matmul(&self.par, self.isa, w, row0, n_rows, x, n_tok, out, None)
     }
 
@@ -321,17 +320,26 @@ impl Backend for CpuBackend {
         if half == 0 {
             return Ok(());
         }
-        // Per-pair inverse frequencies, in f64 (angles reach 1e5 radians).
-        let inv: Vec<f64> = (0..half)
-            .map(|i| {
-                let f = f64::from(rope.base).powf(-2.0 * i as f64 / rope.n_rot as f64)
-                    * f64::from(rope.freq_scale);
-                match &rope.freq_factors {
-                    Some(ff) => f / f64::from(ff.get(i).copied().unwrap_or(1.0)),
-                    None => f,
-                }
-            })
-            .collect();
+        // Per-pair inverse frequencies, in f64 (angles reach 1e5 radians),
+        // computed once per RoPE config (a model has one or two).
+        let inv = ROPE_INV.with(|c| {
+            let mut c = c.borrow_mut();
+            if c.0.as_ref() != Some(rope) || c.1.len() != half {
+                c.1.clear();
+                c.1.extend((0..half).map(|i| {
+                    let f = f64::from(rope.base).powf(-2.0 * i as f64 / rope.n_rot as f64)
+                        * f64::from(rope.freq_scale);
+                    match &rope.freq_factors {
+                        Some(ff) => f / f64::from(ff.get(i).copied().unwrap_or(1.0)),
+                        None => f,
+                    }
+                }));
+                c.0 = Some(rope.clone());
+            }
+            // Swapped out so the tasks can read it while other threads
+            // keep their own cells; put back below.
+            std::mem::take(&mut c.1)
+        });
         self.par.chunks_mut(&mut x[..n_tok * row], row, |t, r| {
             let pos = (p0 + t) as f64;
             ROPE_CS.with(|cs| {
@@ -350,6 +358,7 @@ impl Backend for CpuBackend {
                 }
             });
         });
+        ROPE_INV.with(|c| c.borrow_mut().1 = inv);
         Ok(())
     }
 

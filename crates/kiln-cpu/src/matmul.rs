@@ -27,8 +27,18 @@ thread_local! {
     /// they were made from: Q, K and V (and gate, up) share one input.
     static QX: RefCell<(Vec<f32>, kiln_kernels::QuantX)> =
         RefCell::new((Vec::new(), kiln_kernels::QuantX::new()));
-    /// Upper bounds of the greedy head's screen (one per vocab row).
-    static SCREEN_HI: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// The greedy head's screen buffers.
+    static SCREEN: RefCell<Screen> = RefCell::new(Screen::default());
+}
+
+/// Buffers of [`argmax_screened`], reused across decode steps.
+#[derive(Default)]
+struct Screen {
+    sx: kiln_kernels::ScreenX,
+    /// Upper bounds (one per vocab row).
+    hi: Vec<f32>,
+    /// Each chunk's best lower bound.
+    parts: Vec<Option<std::result::Result<f32, kiln_kernels::KernelError>>>,
 }
 
 fn kernel_err(w: &CpuWeight, e: kiln_kernels::KernelError) -> ModelError {
@@ -215,28 +225,33 @@ pub(crate) fn argmax_screened(
         return Ok(None);
     }
     let x = &h[..w.cols];
-    let Some(sx) = kiln_kernels::ScreenX::new(x) else {
-        return Ok(None);
-    };
     let data = w.data();
     let chunk = rows_per_task(par, w.rows, 256, 4096);
     let n = w.rows.div_ceil(chunk);
-    SCREEN_HI.with(|b| {
-        let mut hi = b.borrow_mut();
+    SCREEN.with(|b| {
+        // Grown once: a decode step allocates nothing here.
+        let Screen { sx, hi, parts } = &mut *b.borrow_mut();
+        if !sx.set(x) {
+            return Ok(None);
+        }
+        let sx = &*sx;
         hi.resize(w.rows, 0.0);
-        let mut parts: Vec<Option<std::result::Result<f32, kiln_kernels::KernelError>>> =
-            vec![None; n];
+        parts.clear();
+        parts.resize(n, None);
         let parts_ptr = SendPtr(parts.as_mut_ptr());
         par.chunks_mut(&mut hi[..], chunk, |i, hs| {
             let ws = rows_bytes(w, data, i * chunk, hs.len());
-            let r = kiln_kernels::screen_rows(isa, w.ty, ws, w.row_bytes, &sx, hs);
+            let r = kiln_kernels::screen_rows(isa, w.ty, ws, w.row_bytes, sx, hs);
             // SAFETY: `chunks_mut` hands out each chunk index once and
             // `parts` has one slot per chunk.
             unsafe { *parts_ptr.get().add(i) = Some(r) };
         });
         let mut floor = f32::NEG_INFINITY;
-        for p in parts {
-            let m = p.expect("every chunk ran").map_err(|e| kernel_err(w, e))?;
+        for p in parts.iter_mut() {
+            let m = p
+                .take()
+                .expect("every chunk ran")
+                .map_err(|e| kernel_err(w, e))?;
             if m.is_nan() {
                 return Ok(None);
             }

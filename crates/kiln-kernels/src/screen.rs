@@ -19,6 +19,7 @@ const GAMMA: f64 = 2e-4;
 
 /// Q8_0-quantized activations with the per-block bound terms, laid out per
 /// 4-byte lane (8 lanes per block) for the SIMD screens.
+#[derive(Clone, Debug, Default)]
 pub struct ScreenX {
     pub(crate) k: usize,
     /// `x̂ / d`, `k` values in `[-127, 127]`.
@@ -38,19 +39,24 @@ impl ScreenX {
     /// `None` when `x` holds a non-finite value or is not whole blocks of
     /// 32 (the caller then takes the exact path).
     pub fn new(x: &[f32]) -> Option<ScreenX> {
+        let mut sx = ScreenX::default();
+        sx.set(x).then_some(sx)
+    }
+
+    /// [`ScreenX::new`] into existing buffers (no allocation once they
+    /// have grown); `false` (and left empty) where `new` gives `None`.
+    pub fn set(&mut self, x: &[f32]) -> bool {
+        self.k = 0;
+        self.q.clear();
+        self.d.clear();
+        self.c.clear();
+        self.lane_d.clear();
+        self.lane_c.clear();
+        self.lane_corr.clear();
         if !x.len().is_multiple_of(32) || x.iter().any(|v| !v.is_finite()) {
-            return None;
+            return false;
         }
-        let k = x.len();
-        let mut sx = ScreenX {
-            k,
-            q: Vec::with_capacity(k),
-            d: Vec::with_capacity(k / 32),
-            c: Vec::with_capacity(k / 32),
-            lane_d: Vec::with_capacity(k / 4),
-            lane_c: Vec::with_capacity(k / 4),
-            lane_corr: Vec::with_capacity(k / 4),
-        };
+        let sx = self;
         for xb in x.chunks_exact(32) {
             let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
             let d = amax / 127.0;
@@ -80,7 +86,8 @@ impl ScreenX {
                     .push(-128 * l.iter().map(|&v| i32::from(v)).sum::<i32>());
             }
         }
-        Some(sx)
+        sx.k = x.len();
+        true
     }
 
     /// Row length the screen was built for.
