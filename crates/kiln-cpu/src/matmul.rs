@@ -12,10 +12,6 @@ use crate::CpuWeight;
 
 /// Tasks per thread: dynamic hand-out evens out a noisy, shared machine.
 const TASKS_PER_THREAD: usize = 4;
-/// Tokens per `gemm` call inside a task: keeps the activation block in L2
-/// (64 tokens of 2048 f32 = 512 KiB) while the task's weight rows stay
-/// hot across blocks.
-const TOKEN_BLOCK: usize = 64;
 
 /// Applied to each task's finished outputs (the LM head's softcap).
 pub(crate) type Post<'a> = dyn Fn(&mut [f32]) + Sync + 'a;
@@ -128,9 +124,47 @@ pub(crate) fn matmul(
             }
         });
     } else {
-        let chunk = rows_per_task(par, n_rows, 16, 256);
+        let (tb, align) = kiln_kernels::gemm_blocking(isa, n_tok);
         let dst = SendPtr(out.as_mut_ptr());
-        let tb = TOKEN_BLOCK.min(n_tok);
+        if tb == n_tok && align > 16 && post.is_none() {
+            // AMX: one task per thread, each packing its rows once and
+            // writing its columns of `out` in place.
+            let chunk = n_rows.div_ceil(par.threads()).next_multiple_of(align);
+            let all_shared = std::sync::atomic::AtomicBool::new(true);
+            par.run(n_rows.div_ceil(chunk), |i| {
+                let c0 = i * chunk;
+                let nr = chunk.min(n_rows - c0);
+                let ws = rows_bytes(w, data, row0 + c0, nr);
+                // SAFETY: `out` holds `n_tok * n_rows` values (checked by
+                // the caller) and this task alone writes columns
+                // `c0..c0 + nr` of every token row.
+                let r = unsafe {
+                    kiln_kernels::gemm_shared(
+                        isa,
+                        w.ty,
+                        ws,
+                        w.row_bytes,
+                        cols,
+                        &x[..n_tok * cols],
+                        n_tok,
+                        dst.get().add(c0),
+                        n_rows,
+                    )
+                };
+                match r {
+                    Ok(true) => {}
+                    Ok(false) => all_shared.store(false, std::sync::atomic::Ordering::Relaxed),
+                    Err(e) => *err.lock().expect("error slot") = Some(e),
+                }
+            });
+            if all_shared.into_inner() {
+                return match err.into_inner().expect("error slot") {
+                    Some(e) => Err(kernel_err(w, e)),
+                    None => Ok(()),
+                };
+            }
+        }
+        let chunk = rows_per_task(par, n_rows, 16, 256);
         par.run(n_rows.div_ceil(chunk), |i| {
             let c0 = i * chunk;
             let nr = chunk.min(n_rows - c0);

@@ -319,6 +319,9 @@ fn main() {
         bench_gemm("attn_v", GgmlType::Q8_0, 256, 640, 64);
         bench_gemm("f32", GgmlType::F32, 2048, 640, 64);
         bench_gemm("ffn_gate/up n=8", GgmlType::Q5_0, 2048, 640, 8);
+        bench_gemm("ffn_gate/up n=16", GgmlType::Q5_0, 2048, 640, 16);
+        bench_gemm("ffn_gate/up n=256", GgmlType::Q5_0, 2048, 640, 256);
+        bench_gemm("1b ffn_down n=256", GgmlType::Q4K, 1152, 6912, 256);
     }
     if on("pool") {
         bench_pool();

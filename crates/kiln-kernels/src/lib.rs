@@ -6,12 +6,15 @@
 //! * [`gemv`]: `y[r] = dot(W[r], x)` — the decode (one token) kernel.
 //! * [`gemm`]: `Y[t][r] = dot(W[r], X[t])` for `n` tokens — the prefill
 //!   kernel: a tile of weight rows is dequantized once into an f32 stack
-//!   scratch and reused across tokens by a register-blocked micro-kernel.
+//!   scratch and reused across tokens by a register-blocked micro-kernel;
+//!   on [`Isa::Amx`] (batches of 48+ tokens, see [`gemm_blocking`]) the tile is split
+//!   into three bf16 parts per operand and multiplied on AMX tiles.
 //! * [`argmax_rows`]: the greedy LM head without writing logits.
 //!
 //! Accuracy: weights are dequantized inside the kernel and multiplied
-//! against the f32 activations with f32 FMA; activations are never
-//! quantized. Results match `kiln_quant::dequantize` + an exact dot to
+//! against the f32 activations with f32 FMA (AMX: the six bf16 part
+//! products above 2^-24, accumulated in f32); activations are never
+//! quantized to fewer bits than f32 carries. Results match `kiln_quant::dequantize` + an exact dot to
 //! about 1e-6 of `sum |w_i x_i|` (the summation order differs).
 //!
 //! Fast paths (AVX2+FMA+F16C and AVX-512): Q4_0, Q5_0, Q8_0, Q4_K, Q5_K,
@@ -64,10 +67,20 @@ pub enum Isa {
     Avx512,
     /// [`Isa::Avx512`] + AVX-512 VNNI.
     Avx512Vnni,
+    /// [`Isa::Avx512Vnni`] + AMX-TILE/AMX-BF16 with the OS's permission:
+    /// prefill GEMMs of 16+ tokens run on bf16 tiles (operands split in
+    /// three parts, as exact as f32); everything else as `Avx512Vnni`.
+    Amx,
 }
 
 impl Isa {
-    pub const ALL: [Isa; 4] = [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Avx512Vnni];
+    pub const ALL: [Isa; 5] = [
+        Isa::Scalar,
+        Isa::Avx2,
+        Isa::Avx512,
+        Isa::Avx512Vnni,
+        Isa::Amx,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -75,6 +88,7 @@ impl Isa {
             Isa::Avx2 => "avx2",
             Isa::Avx512 => "avx512",
             Isa::Avx512Vnni => "avx512vnni",
+            Isa::Amx => "amx",
         }
     }
 
@@ -92,7 +106,7 @@ impl Isa {
     }
 
     /// The level to use: [`Isa::cpu_max`], lowered by the environment
-    /// variable `KILN_ISA=scalar|avx2|avx512|avx512vnni` when set (read
+    /// variable `KILN_ISA=scalar|avx2|avx512|avx512vnni|amx` when set (read
     /// once; a level above the CPU's is clamped, an unknown name ignored).
     pub fn detect() -> Isa {
         static CHOSEN: OnceLock<Isa> = OnceLock::new();
@@ -129,6 +143,7 @@ fn probe() -> Isa {
     let avx2 = has!("avx2") && has!("fma") && has!("f16c");
     let avx512 = avx2 && has!("avx512f") && has!("avx512bw") && has!("avx512vl");
     match (avx2, avx512, has!("avx512vnni")) {
+        (_, true, true) if has!("avx512bf16") && x86::has_amx() => Isa::Amx,
         (_, true, true) => Isa::Avx512Vnni,
         (_, true, false) => Isa::Avx512,
         (true, ..) => Isa::Avx2,
@@ -317,6 +332,26 @@ pub fn gemv_q(
     }
 }
 
+/// Rows held by `w`, after checking `w`, `x` and `ldy` for a GEMM of `n`
+/// tokens.
+fn gemm_rows(
+    ty: GgmlType,
+    w: &[u8],
+    row_bytes: usize,
+    k: usize,
+    x: &[f32],
+    n: usize,
+    ldy: usize,
+) -> Result<usize, KernelError> {
+    let packed = check_rows(ty, w, row_bytes, k, 0)?;
+    let rows = rows_in(w, row_bytes, packed);
+    check_x(x, n * k)?;
+    if ldy < rows {
+        return Err(KernelError::Shape(format!("ldy {ldy} < {rows} rows")));
+    }
+    Ok(rows)
+}
+
 /// `Y[t][r] = dot(W[r], X[t])` for tokens `t < n` and every row `r` held by
 /// `w` (the last row needs only its packed bytes). `x` is `n × k`
 /// row-major; `Y[t][r]` is written to `y[t * ldy + r]`, `ldy >= rows`.
@@ -333,10 +368,8 @@ pub fn gemm(
     y: &mut [f32],
     ldy: usize,
 ) -> Result<(), KernelError> {
-    let packed = check_rows(ty, w, row_bytes, k, 0)?;
-    let rows = rows_in(w, row_bytes, packed);
-    check_x(x, n * k)?;
-    if ldy < rows || (n > 0 && y.len() < (n - 1) * ldy + rows) {
+    let rows = gemm_rows(ty, w, row_bytes, k, x, n, ldy)?;
+    if n > 0 && y.len() < (n - 1) * ldy + rows {
         return Err(KernelError::Shape(format!(
             "output of {} values with ldy {ldy} cannot hold {n} × {rows}",
             y.len()
@@ -348,13 +381,68 @@ pub fn gemm(
     #[cfg(target_arch = "x86_64")]
     {
         let isa = isa.min(Isa::cpu_max());
-        if x86::gemm(isa, ty, w, row_bytes, rows, k, x, n, y, ldy) {
+        let out = x86::Out::Slice(&mut *y);
+        // SAFETY: a slice output carries no extra contract.
+        if unsafe { x86::gemm(isa, ty, w, row_bytes, rows, k, x, n, out, ldy) } {
             return Ok(());
         }
     }
     let _ = isa;
     scalar::gemm(ty, w, row_bytes, rows, k, x, n, y, ldy);
     Ok(())
+}
+
+/// [`gemm`] into the columns of an output that other threads fill too:
+/// `Y[t][r]` is written to `y.add(t * ldy + r)` with no staging copy.
+/// Only the AMX path writes this way; `Ok(false)` (nothing written) means
+/// this batch does not take it, and the caller runs [`gemm`].
+///
+/// # Safety
+/// `y` must be valid for writes at `t * ldy + r` for every token `t < n`
+/// and row `r` held by `w`, and nothing else may access those elements
+/// during the call.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn gemm_shared(
+    isa: Isa,
+    ty: GgmlType,
+    w: &[u8],
+    row_bytes: usize,
+    k: usize,
+    x: &[f32],
+    n: usize,
+    y: *mut f32,
+    ldy: usize,
+) -> Result<bool, KernelError> {
+    let rows = gemm_rows(ty, w, row_bytes, k, x, n, ldy)?;
+    if n == 0 || rows == 0 {
+        return Ok(true);
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        let isa = isa.min(Isa::cpu_max());
+        let out = x86::Out::Shared(y);
+        // SAFETY: this function's contract.
+        Ok(unsafe { x86::gemm(isa, ty, w, row_bytes, rows, k, x, n, out, ldy) })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (isa, y);
+        Ok(false)
+    }
+}
+
+/// How a caller should batch `gemm` calls of `n` tokens on `isa`:
+/// `(tokens per call, rows per call a multiple of)`. The f32 micro-kernel
+/// wants blocks that keep activations in L2; the AMX path repacks every
+/// weight row per call, so it wants all tokens at once (and
+/// [`gemm_shared`], to skip the staging copy) and row groups of 32.
+pub fn gemm_blocking(isa: Isa, n: usize) -> (usize, usize) {
+    #[cfg(target_arch = "x86_64")]
+    if isa.min(Isa::cpu_max()) == Isa::Amx && n >= x86::AMX_MIN_TOKENS {
+        return (n, 32);
+    }
+    let _ = isa;
+    (n.min(64), 16)
 }
 
 /// Index (offset by `start_id`) and value of the largest `dot(W[r], x)`

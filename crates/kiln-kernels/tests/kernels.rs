@@ -2,7 +2,10 @@
 //! `kiln_quant::dequantize` then an f64 dot. Tolerance is relative to
 //! `sum |w_i x_i|`, the scale of the rounding error of any f32 summation.
 
-use kiln_kernels::{argmax_rows, gemm, gemv, gemv_q, has_gemv_q, Isa, KernelError, QuantX};
+use kiln_kernels::{
+    argmax_rows, gemm, gemm_blocking, gemm_shared, gemv, gemv_q, has_gemv_q, Isa, KernelError,
+    QuantX,
+};
 use kiln_quant::GgmlType;
 
 const TOL: f64 = 1e-5;
@@ -76,10 +79,14 @@ fn reference(ty: GgmlType, row: &[u8], x: &[f32]) -> (f64, f64) {
     terms.fold((0.0, 0.0), |(s, a), t| (s + t, a + t.abs()))
 }
 
-fn assert_close(got: f32, (want, mag): (f64, f64), what: &str) {
+fn assert_close(got: f32, want: (f64, f64), what: &str) {
+    assert_within(TOL, got, want, what);
+}
+
+fn assert_within(tol: f64, got: f32, (want, mag): (f64, f64), what: &str) {
     let err = (f64::from(got) - want).abs();
     assert!(
-        err <= TOL * mag + 1e-30,
+        err <= tol * mag + 1e-30,
         "{what}: got {got}, want {want}, err {err:e}, sum|terms| {mag:e}"
     );
 }
@@ -174,6 +181,92 @@ fn gemm_matches_reference_on_every_isa() {
                         // Columns past `rows` belong to someone else.
                         assert!(y[t * ldy + rows..][..2].iter().all(|v| v.is_nan()));
                     }
+                }
+            }
+        }
+    }
+}
+
+/// Prefill-sized batches: the AMX path (16+ tokens) pads tokens to tiles
+/// of 16 and rows to groups of 32, and splits `k` into chunks of 256.
+#[test]
+fn gemm_batches_match_reference_on_every_isa() {
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    for isa in Isa::available().filter(|&i| i != Isa::Scalar) {
+        for ty in [
+            GgmlType::Q4_0,
+            GgmlType::Q5_0,
+            GgmlType::Q8_0,
+            GgmlType::Q4K,
+            GgmlType::Q5K,
+            GgmlType::Q6K,
+            GgmlType::Q3K,
+            GgmlType::F16,
+            GgmlType::BF16,
+            GgmlType::F32,
+        ] {
+            for (n, rows, k) in [
+                (16, 32, 256),
+                (17, 45, 512),
+                (48, 1, 768),
+                (50, 70, 2048),
+                (64, 33, 40),
+            ] {
+                if k % ty.block_elems() != 0 {
+                    continue;
+                }
+                let ldy = rows + 1;
+                let packed = k / ty.block_elems() * ty.block_bytes();
+                let w = random_rows(&mut rng, ty, rows, k, 0);
+                let x = random_x(&mut rng, n * k);
+                let mut y = vec![f32::NAN; n * ldy];
+                gemm(isa, ty, &w, packed, k, &x, n, &mut y, ldy).unwrap();
+                for t in 0..n {
+                    for r in 0..rows {
+                        let want = reference(ty, &w[r * packed..][..packed], &x[t * k..][..k]);
+                        let what = format!("{isa} {ty} k={k} n={n} token {t} row {r}");
+                        // As tight as f32 summation: the AMX path's bf16
+                        // parts must not lose precision.
+                        assert_within(2e-6, y[t * ldy + r], want, &what);
+                    }
+                    assert!(
+                        y[t * ldy + rows].is_nan(),
+                        "{isa} {ty}: wrote past the rows"
+                    );
+                }
+                // The same output filled by two calls on disjoint row
+                // ranges through `gemm_shared` (as threads do).
+                let mut z = vec![f32::NAN; n * ldy];
+                let split = (rows / 2).next_multiple_of(32).min(rows);
+                let mut shared = 0;
+                for (r0, nr) in [(0, split), (split, rows - split)] {
+                    let wr = &w[r0 * packed..(r0 + nr) * packed];
+                    // SAFETY: `z` holds `n * ldy` values; each call writes
+                    // only its rows' columns, one call at a time.
+                    let took = unsafe {
+                        gemm_shared(isa, ty, wr, packed, k, &x, n, z.as_mut_ptr().add(r0), ldy)
+                    }
+                    .unwrap();
+                    shared += usize::from(took && nr > 0);
+                    if !took {
+                        gemm(isa, ty, wr, packed, k, &x, n, &mut z[r0..], ldy).unwrap();
+                    }
+                }
+                let amx = gemm_blocking(isa, n).1 > 16;
+                assert_eq!(
+                    shared > 0,
+                    amx,
+                    "{isa} {ty} n={n}: gemm_shared vs gemm_blocking"
+                );
+                for t in 0..n {
+                    for r in 0..rows {
+                        let what = format!("{isa} {ty} n={n} token {t} row {r}");
+                        assert_eq!(z[t * ldy + r], y[t * ldy + r], "{what}");
+                    }
+                    assert!(
+                        z[t * ldy + rows].is_nan(),
+                        "{isa} {ty}: wrote past the rows"
+                    );
                 }
             }
         }

@@ -25,7 +25,7 @@ macro_rules! tf {
 impl Avx512 {
     /// # Safety
     /// The CPU must support AVX-512 F, BW and VL, AVX2, FMA and F16C.
-    unsafe fn new() -> Self {
+    pub(super) unsafe fn new() -> Self {
         Self(())
     }
 }

@@ -426,7 +426,7 @@ fn dot_row<S: Simd, B: Block>(s: S, row: &[u8], x: &[f32]) -> f32 {
 }
 
 /// Fills a weight tile row from packed blocks.
-trait Fill {
+pub(super) trait Fill {
     /// Block elements and bytes of the packed format.
     fn block(&self) -> (usize, usize);
     /// Decodes whole blocks `src` into `dst`.
@@ -479,19 +479,49 @@ pub(super) struct GemmShape {
 const KC: usize = 1024;
 const MAX_MR: usize = 8;
 
-/// GEMM with an `MR`-row × `NR`-token micro-kernel; `false` when `ty` has
-/// no dequantizer at all.
+/// Where a GEMM writes `Y[t][r]` (at `t * ldy + r`).
+pub(crate) enum Out<'a> {
+    /// An output the caller borrows whole.
+    Slice(&'a mut [f32]),
+    /// Columns of an output other threads write too: only the elements
+    /// of this call's rows and tokens may be touched (AMX path only).
+    Shared(*mut f32),
+}
+
+/// How a GEMM walks its tiles once the row decoder is chosen.
+pub(super) trait Tiler: Copy {
+    fn run<S: Simd>(self, s: S, sh: &GemmShape, w: &[u8], x: &[f32], y: Out<'_>, fill: &impl Fill);
+}
+
+/// The f32 micro-kernel of `MR` rows × `NR` tokens.
+#[derive(Clone, Copy)]
+pub(super) struct Micro<const MR: usize, const NR: usize>;
+
+impl<const MR: usize, const NR: usize> Tiler for Micro<MR, NR> {
+    #[inline(always)]
+    fn run<S: Simd>(self, s: S, sh: &GemmShape, w: &[u8], x: &[f32], y: Out<'_>, fill: &impl Fill) {
+        let Out::Slice(y) = y else {
+            unreachable!("shared outputs take the AMX path only")
+        };
+        gemm_tiles::<S, MR, NR>(s, sh, w, x, y, fill)
+    }
+}
+
+/// GEMM by `tiler` with the SIMD decoder of `ty`, or the scalar
+/// dequantizer for types without one; `false` when `ty` has no
+/// dequantizer at all.
 #[inline(always)]
-pub(super) fn gemm<S: Simd, const MR: usize, const NR: usize>(
+pub(super) fn gemm<S: Simd>(
     s: S,
     ty: GgmlType,
     w: &[u8],
     x: &[f32],
-    y: &mut [f32],
+    y: Out<'_>,
     sh: &GemmShape,
+    tiler: impl Tiler,
 ) -> bool {
     if has_kernel(ty, sh.k) {
-        by_type!(ty, B => gemm_tiles::<S, MR, NR>(
+        by_type!(ty, B => tiler.run(
             s, sh, w, x, y, &Decoded::<S, B>(s, core::marker::PhantomData),
         ), _ => unreachable!("has_kernel"));
         return true;
@@ -499,7 +529,7 @@ pub(super) fn gemm<S: Simd, const MR: usize, const NR: usize>(
     if !kiln_quant::is_supported(ty) {
         return false;
     }
-    gemm_tiles::<S, MR, NR>(s, sh, w, x, y, &Reference(ty));
+    tiler.run(s, sh, w, x, y, &Reference(ty));
     true
 }
 

@@ -37,7 +37,15 @@ macro_rules! entry_points {
         ) -> bool {
             // SAFETY: this function's contract.
             let s = unsafe { $simd::new() };
-            kern::gemm::<_, 4, $gemm_cols>(s, ty, w, x, y, sh)
+            kern::gemm(
+                s,
+                ty,
+                w,
+                x,
+                kern::Out::Slice(y),
+                sh,
+                kern::Micro::<4, $gemm_cols>,
+            )
         }
 
         /// # Safety
@@ -110,6 +118,7 @@ macro_rules! entry_points {
     };
 }
 
+mod amx;
 mod avx2;
 mod avx512;
 mod kern;
@@ -118,6 +127,8 @@ mod rows;
 mod screen;
 
 use kiln_quant::GgmlType;
+
+pub(crate) use kern::Out;
 
 use crate::Isa;
 
@@ -141,14 +152,23 @@ pub(crate) fn gemv(
         // FMA and F16C.
         Isa::Avx2 => unsafe { avx2::gemv(ty, w, row_bytes, k, x, y) },
         // SAFETY: as above, with AVX-512 F/BW/VL.
-        Isa::Avx512 | Isa::Avx512Vnni => unsafe { avx512::gemv(ty, w, row_bytes, k, x, y) },
+        Isa::Avx512 | Isa::Avx512Vnni | Isa::Amx => unsafe {
+            avx512::gemv(ty, w, row_bytes, k, x, y)
+        },
     }
 }
 
 /// GEMM as [`gemv`]; every type `kiln_quant` dequantizes runs the SIMD
-/// micro-kernel (types without a fast decoder use the scalar one).
+/// micro-kernel (types without a fast decoder use the scalar one), or on
+/// [`Isa::Amx`] batches of [`amx::MIN_TOKENS`]+ the AMX tiles. A shared
+/// output (`Out::Shared`) is taken by the AMX path only: `false` elsewhere.
+///
+/// # Safety
+/// For `Out::Shared(y)`: `y` is valid for writes at `t * ldy + r`
+/// (`t < n`, `r < rows`) and nothing else accesses those elements during
+/// the call.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn gemm(
+pub(crate) unsafe fn gemm(
     isa: Isa,
     ty: GgmlType,
     w: &[u8],
@@ -157,7 +177,7 @@ pub(crate) fn gemm(
     k: usize,
     x: &[f32],
     n: usize,
-    y: &mut [f32],
+    y: Out<'_>,
     ldy: usize,
 ) -> bool {
     let shape = kern::GemmShape {
@@ -167,13 +187,19 @@ pub(crate) fn gemm(
         n,
         ldy,
     };
-    match isa {
-        Isa::Scalar => false,
+    match (isa, y) {
+        // SAFETY: `Isa::Amx` is at most `Isa::cpu_max()` only when
+        // `amx::available()`, on top of the AVX-512 set; `y` per this
+        // function's contract.
+        (Isa::Amx, y) if n >= amx::MIN_TOKENS => unsafe { amx::gemm(ty, w, x, y, &shape) },
+        (_, Out::Shared(_)) | (Isa::Scalar, _) => false,
         // SAFETY: `isa` is at most `Isa::cpu_max()`, so the CPU has AVX2,
         // FMA and F16C.
-        Isa::Avx2 => unsafe { avx2::gemm(ty, w, x, y, &shape) },
+        (Isa::Avx2, Out::Slice(y)) => unsafe { avx2::gemm(ty, w, x, y, &shape) },
         // SAFETY: as above, with AVX-512 F/BW/VL.
-        Isa::Avx512 | Isa::Avx512Vnni => unsafe { avx512::gemm(ty, w, x, y, &shape) },
+        (Isa::Avx512 | Isa::Avx512Vnni | Isa::Amx, Out::Slice(y)) => unsafe {
+            avx512::gemm(ty, w, x, y, &shape)
+        },
     }
 }
 
@@ -194,7 +220,9 @@ pub(crate) fn dot_rows(
         // SAFETY: `isa` is at most `Isa::cpu_max()` (see `gemv`).
         Isa::Avx2 => unsafe { avx2::dot_rows(q, g, d, m, stride, n, out) },
         // SAFETY: as above.
-        Isa::Avx512 | Isa::Avx512Vnni => unsafe { avx512::dot_rows(q, g, d, m, stride, n, out) },
+        Isa::Avx512 | Isa::Avx512Vnni | Isa::Amx => unsafe {
+            avx512::dot_rows(q, g, d, m, stride, n, out)
+        },
     }
     true
 }
@@ -216,7 +244,9 @@ pub(crate) fn axpy_rows(
         // SAFETY: `isa` is at most `Isa::cpu_max()` (see `gemv`).
         Isa::Avx2 => unsafe { avx2::axpy_rows(p, g, d, m, stride, n, acc) },
         // SAFETY: as above.
-        Isa::Avx512 | Isa::Avx512Vnni => unsafe { avx512::axpy_rows(p, g, d, m, stride, n, acc) },
+        Isa::Avx512 | Isa::Avx512Vnni | Isa::Amx => unsafe {
+            avx512::axpy_rows(p, g, d, m, stride, n, acc)
+        },
     }
     true
 }
@@ -228,7 +258,7 @@ pub(crate) fn softcap(isa: Isa, x: &mut [f32], c: f32) -> bool {
         // SAFETY: `isa` is at most `Isa::cpu_max()` (see `gemv`).
         Isa::Avx2 => unsafe { avx2::softcap(x, c) },
         // SAFETY: as above.
-        Isa::Avx512 | Isa::Avx512Vnni => unsafe { avx512::softcap(x, c) },
+        Isa::Avx512 | Isa::Avx512Vnni | Isa::Amx => unsafe { avx512::softcap(x, c) },
     }
     true
 }
@@ -240,7 +270,7 @@ pub(crate) fn gelu_mul(isa: Isa, g: &mut [f32], u: &[f32]) -> bool {
         // SAFETY: `isa` is at most `Isa::cpu_max()` (see `gemv`).
         Isa::Avx2 => unsafe { avx2::gelu_mul(g, u) },
         // SAFETY: as above.
-        Isa::Avx512 | Isa::Avx512Vnni => unsafe { avx512::gelu_mul(g, u) },
+        Isa::Avx512 | Isa::Avx512Vnni | Isa::Amx => unsafe { avx512::gelu_mul(g, u) },
     }
     true
 }
@@ -259,7 +289,9 @@ pub(crate) fn softmax_step(
         // SAFETY: `isa` is at most `Isa::cpu_max()` (see `gemv`).
         Isa::Avx2 => Some(unsafe { avx2::softmax_step(x, scale, cap, m) }),
         // SAFETY: as above.
-        Isa::Avx512 | Isa::Avx512Vnni => Some(unsafe { avx512::softmax_step(x, scale, cap, m) }),
+        Isa::Avx512 | Isa::Avx512Vnni | Isa::Amx => {
+            Some(unsafe { avx512::softmax_step(x, scale, cap, m) })
+        }
     }
 }
 
@@ -277,7 +309,7 @@ pub(crate) fn screen_q8_0(
         // caller checked the row layout.
         Isa::Avx2 | Isa::Avx512 => Some(unsafe { screen::screen_avx2(sx, w, row_bytes, hi) }),
         // SAFETY: as above, with AVX-512 VNNI.
-        Isa::Avx512Vnni => unsafe { screen::screen_vnni(sx, w, row_bytes, hi) }
+        Isa::Avx512Vnni | Isa::Amx => unsafe { screen::screen_vnni(sx, w, row_bytes, hi) }
             // SAFETY: as above.
             .or_else(|| Some(unsafe { screen::screen_avx2(sx, w, row_bytes, hi) })),
     }
@@ -299,11 +331,19 @@ pub(crate) fn gemv_q(
         // caller checked the row layout against `qx.len()`.
         Isa::Avx2 | Isa::Avx512 => unsafe { qdot::gemv_avx2(ty, w, row_bytes, qx, y) },
         // SAFETY: as above, with AVX-512 VNNI.
-        Isa::Avx512Vnni => unsafe { qdot::gemv_vnni(ty, w, row_bytes, qx, y) },
+        Isa::Avx512Vnni | Isa::Amx => unsafe { qdot::gemv_vnni(ty, w, row_bytes, qx, y) },
     }
 }
 
 /// Whether [`gemv_q`] covers `ty` on some SIMD level.
 pub(crate) fn has_qkernel(ty: GgmlType) -> bool {
     qdot::has_qkernel(ty)
+}
+
+/// Fewest tokens for which [`gemm`] takes the AMX path.
+pub(crate) const AMX_MIN_TOKENS: usize = amx::MIN_TOKENS;
+
+/// Whether AMX-BF16 tiles are usable (CPU and OS).
+pub(crate) fn has_amx() -> bool {
+    amx::available()
 }
