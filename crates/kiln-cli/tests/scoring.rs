@@ -269,5 +269,10 @@ fn bench_json_lines_parse() {
         assert!(l["load_s"].as_f64().unwrap() > 0.0, "{l}");
         // The model is mapped and touched: RSS exceeds 100 MB.
         assert!(l["peak_rss_bytes"].as_u64().unwrap() > 100 << 20, "{l}");
+        let isa = l["isa"].as_str().unwrap();
+        assert!(
+            ["scalar", "avx2", "avx512", "avx512vnni", "amx"].contains(&isa),
+            "{l}"
+        );
     }
 }

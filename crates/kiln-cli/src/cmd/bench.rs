@@ -62,7 +62,8 @@ pub struct Args {
     pub no_warmup: bool,
     /// One line of JSON per test: {"test","n_prompt","n_gen","depth",
     /// "threads","reps","avg_ts","stddev_ts","samples_ts","load_s",
-    /// "peak_rss_bytes", then model, model_size, model_params, backend}.
+    /// "peak_rss_bytes", then model, model_size, model_params, backend,
+    /// isa (the CPU kernels' instruction set, e.g. "amx")}.
     #[arg(long)]
     pub json: bool,
 }
@@ -111,6 +112,7 @@ struct Line<'a> {
     model_size: u64,
     model_params: u64,
     backend: &'static str,
+    isa: &'static str,
 }
 
 /// What the table's model columns show.
@@ -309,6 +311,7 @@ pub fn run(a: Args) -> Result<()> {
                 model_size: info.size,
                 model_params: info.params,
                 backend: "CPU",
+                isa: kiln_cpu::Isa::detect().name(),
             };
             serde_json::to_writer(&mut out, &line)?;
             writeln!(out)?;
@@ -326,7 +329,12 @@ pub fn run(a: Args) -> Result<()> {
     }
     if !a.json {
         let rss = peak_rss_bytes().map_or_else(|| "unknown".to_string(), fmt_bytes);
-        writeln!(out, "\nload: {:.2} s, peak RSS: {rss}", load.as_secs_f64())?;
+        writeln!(
+            out,
+            "\nload: {:.2} s, peak RSS: {rss}, CPU kernels: {}",
+            load.as_secs_f64(),
+            kiln_cpu::Isa::detect()
+        )?;
     }
     out.flush()?;
     Ok(())
