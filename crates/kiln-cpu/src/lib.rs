@@ -23,9 +23,22 @@ use crate::par::Par;
 const PAR_MIN_ELEMS: usize = 1 << 14;
 
 thread_local! {
-    static ROPE_CS: RefCell<Vec<(f32, f32)>> = const { RefCell::new(Vec::new()) };
-    /// The caller's RoPE inverse frequencies and the config they are for.
-    static ROPE_INV: RefCell<(Option<RopeConfig>, Vec<f64>)> = const { RefCell::new((None, Vec::new())) };
+    /// A RoPE task's running `(cos, sin)` per pair.
+    static ROPE_CS: RefCell<Vec<(f64, f64)>> = const { RefCell::new(Vec::new()) };
+    /// The caller's RoPE inverse frequencies with the `(cos, sin)` of one
+    /// position step, and the config they are for.
+    static ROPE_INV: RefCell<(Option<RopeConfig>, Vec<RopePair>)> = const { RefCell::new((None, Vec::new())) };
+}
+
+/// Tokens per RoPE task (see `CpuBackend::rope`).
+const ROPE_TOKENS: usize = 16;
+
+/// One RoPE pair: inverse frequency and the `(cos, sin)` of one position.
+#[derive(Clone, Copy)]
+struct RopePair {
+    f: f64,
+    cos: f64,
+    sin: f64,
 }
 
 /// A packed matrix bound by tensor name in a mapped GGUF file.
@@ -329,10 +342,12 @@ impl Backend for CpuBackend {
                 c.1.extend((0..half).map(|i| {
                     let f = f64::from(rope.base).powf(-2.0 * i as f64 / rope.n_rot as f64)
                         * f64::from(rope.freq_scale);
-                    match &rope.freq_factors {
+                    let f = match &rope.freq_factors {
                         Some(ff) => f / f64::from(ff.get(i).copied().unwrap_or(1.0)),
                         None => f,
-                    }
+                    };
+                    let (sin, cos) = f.sin_cos();
+                    RopePair { f, cos, sin }
                 }));
                 c.0 = Some(rope.clone());
             }
@@ -340,24 +355,37 @@ impl Backend for CpuBackend {
             // keep their own cells; put back below.
             std::mem::take(&mut c.1)
         });
-        self.par.chunks_mut(&mut x[..n_tok * row], row, |t, r| {
-            let pos = (p0 + t) as f64;
-            ROPE_CS.with(|cs| {
-                let mut cs = cs.borrow_mut();
-                cs.clear();
-                cs.extend(inv.iter().map(|&f| {
-                    let a = pos * f;
-                    (a.cos() as f32, a.sin() as f32)
-                }));
-                for h in r.chunks_mut(head_dim) {
-                    for (i, &(c, s)) in cs.iter().enumerate() {
-                        let (a, b) = (h[i], h[i + half]);
-                        h[i] = a * c - b * s;
-                        h[i + half] = a * s + b * c;
+        // Each task takes the exact angles of its first token, then
+        // rotates by one position step per token: f64 drifts ~1e-16 per
+        // step, far below the f32 the values are stored in, and saves
+        // ROPE_TOKENS - 1 of every ROPE_TOKENS `sin_cos` calls.
+        self.par
+            .chunks_mut(&mut x[..n_tok * row], ROPE_TOKENS * row, |ci, block| {
+                let t0 = ci * ROPE_TOKENS;
+                ROPE_CS.with(|cs| {
+                    let mut cs = cs.borrow_mut();
+                    cs.clear();
+                    cs.extend(inv.iter().map(|p| {
+                        let (s, c) = ((p0 + t0) as f64 * p.f).sin_cos();
+                        (c, s)
+                    }));
+                    for (j, r) in block.chunks_mut(row).enumerate() {
+                        if j > 0 {
+                            for ((c, s), p) in cs.iter_mut().zip(&inv) {
+                                (*c, *s) = (*c * p.cos - *s * p.sin, *s * p.cos + *c * p.sin);
+                            }
+                        }
+                        for h in r.chunks_mut(head_dim) {
+                            for (i, &(c, s)) in cs.iter().enumerate() {
+                                let (c, s) = (c as f32, s as f32);
+                                let (a, b) = (h[i], h[i + half]);
+                                h[i] = a * c - b * s;
+                                h[i + half] = a * s + b * c;
+                            }
+                        }
                     }
-                }
+                });
             });
-        });
         ROPE_INV.with(|c| c.borrow_mut().1 = inv);
         Ok(())
     }
