@@ -108,6 +108,42 @@ fn runs<'a>(
     (out, n)
 }
 
+/// `sc[i * n + j] = dot(q[i], K[j])` for `nq` queries and `n` key rows
+/// (`K[j]` at `k[j * kvd..]`, `hd` values). Batches the AMX GEMM takes
+/// (prefill) multiply the keys as F32 weight rows on tiles; the rest run
+/// the strided-row dots.
+#[allow(clippy::too_many_arguments)]
+fn scores(
+    isa: Isa,
+    q: &[f32],
+    nq: usize,
+    k: &[f32],
+    kvd: usize,
+    hd: usize,
+    n: usize,
+    sc: &mut [f32],
+) {
+    if kiln_kernels::gemm_blocking(isa, nq).1 > 16 {
+        let k = &k[..(n - 1) * kvd + hd];
+        // SAFETY: any f32 is 4 valid bytes, and `u8` needs no alignment.
+        let w = unsafe { std::slice::from_raw_parts(k.as_ptr().cast::<u8>(), 4 * k.len()) };
+        kiln_kernels::gemm(
+            isa,
+            kiln_quant::GgmlType::F32,
+            w,
+            4 * kvd,
+            hd,
+            &q[..nq * hd],
+            nq,
+            sc,
+            n,
+        )
+        .expect("attention shapes checked");
+    } else {
+        kiln_kernels::dot_rows(isa, q, nq, k, kvd, n, sc).expect("attention shapes checked");
+    }
+}
+
 /// Folds keys `skip..skip + take` (counted across `runs`) into the
 /// online-softmax state of `nq = vis.len()` queries `q[i * hd..]`: running
 /// max `m`, normaliser `l`, unnormalised output `acc[i * hd..]`. Query `i`
@@ -139,7 +175,7 @@ fn fold(
             let pos0 = r.pos + j0;
             let (k, v) = (&r.k[j0 * kvd..], &r.v[j0 * kvd..]);
             sc.resize(nq * n, 0.0);
-            kiln_kernels::dot_rows(isa, q, nq, k, kvd, n, sc).expect("attention shapes checked");
+            scores(isa, q, nq, k, kvd, hd, n, sc);
             for (i, &(lo, hi)) in vis.iter().enumerate() {
                 let s = &mut sc[i * n..(i + 1) * n];
                 let a = lo.saturating_sub(pos0).min(n);
