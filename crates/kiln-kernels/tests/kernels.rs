@@ -273,6 +273,55 @@ fn gemm_batches_match_reference_on_every_isa() {
     }
 }
 
+/// One-hot operands make every product a copy: `Y[t][r]` must be the
+/// dequantized weight (one-hot activations) or the activation (one-hot
+/// F32 weight rows) bit for bit, on every path, at prefill batch sizes.
+/// This is what holds the AMX path's bf16 parts to the whole f32 value.
+#[test]
+fn gemm_copies_one_hot_operands_exactly() {
+    let mut rng = Rng(0x0bad_5eed);
+    let (rows, k, n) = (40, 256, 64);
+    for isa in Isa::available() {
+        for ty in types() {
+            let packed = k / ty.block_elems() * ty.block_bytes();
+            let w = random_rows(&mut rng, ty, rows, k, 0);
+            let mut deq = vec![0.0f32; rows * k];
+            for (row, out) in w.chunks(packed).zip(deq.chunks_mut(k)) {
+                kiln_quant::dequantize(ty, row, out).unwrap();
+            }
+            let col = |t: usize| (t * 37 + 5) % k;
+            let mut x = vec![0.0f32; n * k];
+            for t in 0..n {
+                x[t * k + col(t)] = 1.0;
+            }
+            let mut y = vec![f32::NAN; n * rows];
+            gemm(isa, ty, &w, packed, k, &x, n, &mut y, rows).unwrap();
+            for t in 0..n {
+                for r in 0..rows {
+                    let (got, want) = (y[t * rows + r], deq[r * k + col(t)]);
+                    // `==`: a sum of zeros may turn -0 into +0.
+                    assert!(got == want, "{isa} {ty} token {t} row {r}: {got} vs {want}");
+                }
+            }
+        }
+        // One-hot F32 weight rows pick activations.
+        let mut w = vec![0.0f32; rows * k];
+        for r in 0..rows {
+            w[r * k + (r * 11 + 3) % k] = 1.0;
+        }
+        let w: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let x = random_x(&mut rng, n * k);
+        let mut y = vec![f32::NAN; n * rows];
+        gemm(isa, GgmlType::F32, &w, 4 * k, k, &x, n, &mut y, rows).unwrap();
+        for t in 0..n {
+            for r in 0..rows {
+                let (got, want) = (y[t * rows + r], x[t * k + (r * 11 + 3) % k]);
+                assert!(got == want, "{isa} F32 token {t} row {r}: {got} vs {want}");
+            }
+        }
+    }
+}
+
 #[test]
 fn argmax_picks_the_largest_dot_and_the_lowest_tied_index() {
     let mut rng = Rng(7);

@@ -6,7 +6,9 @@
 //! `v = h + m + l` (24 significant bits, the whole f32 mantissa), and the
 //! six products above 2^-24 of `|w·x|` are accumulated: `hh, hm, mh, mm,
 //! hl, lh`. The three dropped ones (`ml, lm, ll`) are below 2^-25 each, under
-//! the f32 rounding of the sum itself.
+//! the f32 rounding of the sum itself. Weights of at most 16 significant
+//! bits (Q4_0, Q5_0, F16) have no `l` part, bf16 ones neither `m`: their
+//! products are skipped.
 //!
 //! Layout: `C[token][row] += A[token][k] · B[k][row]`, tiles of 16 tokens
 //! × 16 rows over 32 columns of `k`. Weight rows are dequantized by the
@@ -244,7 +246,13 @@ unsafe fn dot<const MT: usize>() {
 /// AMX configured; `a` holds `MT * 16` token rows of `KC` bf16 per part
 /// (part stride `a_part`), `b` the packed group.
 #[inline(always)]
-unsafe fn block<const MT: usize>(a: *const u16, a_part: usize, b: *const u16, ksteps: usize) {
+unsafe fn block<const MT: usize>(
+    a: *const u16,
+    a_part: usize,
+    b: *const u16,
+    w_parts: usize,
+    ksteps: usize,
+) {
     let b_part = 2 * (KC / TK) * T * TK;
     // SAFETY: the caller's contract; offsets stay inside the buffers.
     unsafe {
@@ -262,7 +270,8 @@ unsafe fn block<const MT: usize>(a: *const u16, a_part: usize, b: *const u16, ks
                 if MT == 2 {
                     load_a(1, ap.add(T * KC), KC * 2);
                 }
-                for &pb in pbs {
+                // Weight parts past `w_parts` are zero.
+                for &pb in pbs.iter().filter(|&&pb| pb < w_parts) {
                     let bp = b.add(pb * b_part + ks * T * TK);
                     load_b(bp, bp.add((KC / TK) * T * TK));
                     dot::<MT>();
@@ -321,6 +330,7 @@ pub(super) unsafe fn gemm_tiles<S: Simd>(
     } = *sh;
     assert!(x.len() >= n * k);
     let (elems, bytes) = fill.block();
+    let w_parts = fill.bf16_parts();
     assert!(KC.is_multiple_of(elems));
     let n_pad = n.div_ceil(TG) * TG;
     // Taken out of the thread-local, not used inside a `with` closure: a
@@ -351,7 +361,7 @@ pub(super) unsafe fn gemm_tiles<S: Simd>(
                     }
                 }
                 // SAFETY: as above.
-                unsafe { pack_w(sb, &sc.tile, ksteps) };
+                unsafe { pack_w(sb, &sc.tile, w_parts, ksteps) };
                 for t0 in (0..n).step_by(TG) {
                     let a = sa[t0 * KC..].as_ptr();
                     let mt = if n - t0 > T { 2 } else { 1 };
@@ -359,10 +369,10 @@ pub(super) unsafe fn gemm_tiles<S: Simd>(
                     // each part, `b` the packed group, `c` 4 KiB.
                     unsafe {
                         if mt == 2 {
-                            block::<2>(a, a_part, sb.as_ptr(), ksteps);
+                            block::<2>(a, a_part, sb.as_ptr(), w_parts, ksteps);
                             store_c::<2>(c.0.as_mut_ptr());
                         } else {
-                            block::<1>(a, a_part, sb.as_ptr(), ksteps);
+                            block::<1>(a, a_part, sb.as_ptr(), w_parts, ksteps);
                             store_c::<1>(c.0.as_mut_ptr());
                         }
                     }
@@ -426,7 +436,7 @@ unsafe fn split_x(
 /// # Safety
 /// AVX-512 F/BW enabled.
 #[inline(always)]
-unsafe fn pack_w(b: &mut [u16], tile: &[f32], ksteps: usize) {
+unsafe fn pack_w(b: &mut [u16], tile: &[f32], w_parts: usize, ksteps: usize) {
     let part = 2 * (KC / TK) * T * TK;
     assert!(b.len() >= 3 * part && tile.len() >= RG * KC && ksteps <= KC / TK);
     let (b, tp) = (b.as_mut_ptr(), tile.as_ptr());
@@ -446,7 +456,7 @@ unsafe fn pack_w(b: &mut [u16], tile: &[f32], ksteps: usize) {
                         rows[p][r] = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo[p]), hi[p]);
                     }
                 }
-                for (p, rows) in rows.iter_mut().enumerate() {
+                for (p, rows) in rows.iter_mut().enumerate().take(w_parts) {
                     transpose16(rows);
                     for (kp, v) in rows.iter().enumerate() {
                         _mm512_storeu_si512(b.add(p * part + off + kp * 2 * T).cast(), *v);

@@ -79,6 +79,10 @@ pub(super) trait Simd: Copy {
 pub(super) trait Block {
     const BYTES: usize;
     const ELEMS: usize;
+    /// bf16 parts that hold every decoded value exactly (see `amx`):
+    /// 3 for the full f32 mantissa; 2 where values have at most 16
+    /// significant bits (f16 scale × 5-bit code, f16); 1 for bf16.
+    const BF16_PARTS: usize = 3;
     /// Decodes the block in `b` (exactly `BYTES`): `sink.put(i, v)` gets
     /// elements `i * LANES .. (i + 1) * LANES`, in any order.
     fn decode<S: Simd>(s: S, b: &[u8], sink: &mut impl Sink<S>);
@@ -142,6 +146,7 @@ pub(super) struct Q40;
 impl Block for Q40 {
     const BYTES: usize = 18;
     const ELEMS: usize = 32;
+    const BF16_PARTS: usize = 2;
     #[inline(always)]
     fn decode<S: Simd>(s: S, b: &[u8], sink: &mut impl Sink<S>) {
         let b: &[u8; 18] = b.try_into().expect("one block");
@@ -162,6 +167,7 @@ pub(super) struct Q50;
 impl Block for Q50 {
     const BYTES: usize = 22;
     const ELEMS: usize = 32;
+    const BF16_PARTS: usize = 2;
     #[inline(always)]
     fn decode<S: Simd>(s: S, b: &[u8], sink: &mut impl Sink<S>) {
         let b: &[u8; 22] = b.try_into().expect("one block");
@@ -280,6 +286,7 @@ pub(super) struct F16x32;
 impl Block for F16x32 {
     const BYTES: usize = 64;
     const ELEMS: usize = 32;
+    const BF16_PARTS: usize = 2;
     #[inline(always)]
     fn decode<S: Simd>(s: S, b: &[u8], sink: &mut impl Sink<S>) {
         let b: &[u8; 64] = b.try_into().expect("one block");
@@ -293,6 +300,7 @@ pub(super) struct Bf16x32;
 impl Block for Bf16x32 {
     const BYTES: usize = 64;
     const ELEMS: usize = 32;
+    const BF16_PARTS: usize = 1;
     #[inline(always)]
     fn decode<S: Simd>(s: S, b: &[u8], sink: &mut impl Sink<S>) {
         let b: &[u8; 64] = b.try_into().expect("one block");
@@ -429,6 +437,10 @@ fn dot_row<S: Simd, B: Block>(s: S, row: &[u8], x: &[f32]) -> f32 {
 pub(super) trait Fill {
     /// Block elements and bytes of the packed format.
     fn block(&self) -> (usize, usize);
+    /// See [`Block::BF16_PARTS`].
+    fn bf16_parts(&self) -> usize {
+        3
+    }
     /// Decodes whole blocks `src` into `dst`.
     fn fill(&self, src: &[u8], dst: &mut [f32]);
 }
@@ -440,6 +452,10 @@ impl<S: Simd, B: Block> Fill for Decoded<S, B> {
     #[inline(always)]
     fn block(&self) -> (usize, usize) {
         (B::ELEMS, B::BYTES)
+    }
+    #[inline(always)]
+    fn bf16_parts(&self) -> usize {
+        B::BF16_PARTS
     }
     #[inline(always)]
     fn fill(&self, src: &[u8], dst: &mut [f32]) {
