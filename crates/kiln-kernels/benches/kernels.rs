@@ -320,6 +320,8 @@ fn main() {
         bench_gemm("f32", GgmlType::F32, 2048, 640, 64);
         bench_gemm("ffn_gate/up n=8", GgmlType::Q5_0, 2048, 640, 8);
         bench_gemm("ffn_gate/up n=16", GgmlType::Q5_0, 2048, 640, 16);
+        bench_gemm("ffn_gate/up n=32", GgmlType::Q5_0, 2048, 640, 32);
+        bench_gemm("ffn_down n=32", GgmlType::Q6K, 640, 2048, 32);
         bench_gemm("ffn_gate/up n=256", GgmlType::Q5_0, 2048, 640, 256);
         bench_gemm("1b ffn_down n=256", GgmlType::Q4K, 1152, 6912, 256);
     }
