@@ -156,6 +156,37 @@ fn gemv_q_matches_reference_on_every_isa() {
     assert!(!gemv_q(Isa::Scalar, GgmlType::Q8_0, &w, 68, &qx, &mut [0.0]).unwrap());
 }
 
+/// Runs `gemm` on random rows and activations of shape `(n, rows, k)` into
+/// a NaN-filled output with `ldy = rows + 2`, checks every value against
+/// the reference within `tol` and that the columns past `rows` (someone
+/// else's) are untouched; returns the weights, activations and output.
+fn checked_gemm(
+    rng: &mut Rng,
+    isa: Isa,
+    ty: GgmlType,
+    (n, rows, k): (usize, usize, usize),
+    tol: f64,
+) -> (Vec<u8>, Vec<f32>, Vec<f32>) {
+    let ldy = rows + 2;
+    let packed = k / ty.block_elems() * ty.block_bytes();
+    let w = random_rows(rng, ty, rows, k, 0);
+    let x = random_x(rng, n * k);
+    let mut y = vec![f32::NAN; n * ldy];
+    gemm(isa, ty, &w, packed, k, &x, n, &mut y, ldy).unwrap();
+    for t in 0..n {
+        for r in 0..rows {
+            let want = reference(ty, &w[r * packed..][..packed], &x[t * k..][..k]);
+            let what = format!("{isa} {ty} k={k} n={n} token {t} row {r}");
+            assert_within(tol, y[t * ldy + r], want, &what);
+        }
+        assert!(
+            y[t * ldy + rows..][..2].iter().all(|v| v.is_nan()),
+            "{isa} {ty}: wrote past the rows"
+        );
+    }
+    (w, x, y)
+}
+
 #[test]
 fn gemm_matches_reference_on_every_isa() {
     let mut rng = Rng(0x2545_f491_4f6c_dd1d);
@@ -166,28 +197,14 @@ fn gemm_matches_reference_on_every_isa() {
                     // Odd row counts leave a partial row tile; k = 2048
                     // spans two column tiles.
                     let rows = [1, 5, 11][n % 3];
-                    let ldy = rows + 2;
-                    let packed = k / ty.block_elems() * ty.block_bytes();
-                    let w = random_rows(&mut rng, ty, rows, k, 0);
-                    let x = random_x(&mut rng, n * k);
-                    let mut y = vec![f32::NAN; n * ldy];
-                    gemm(isa, ty, &w, packed, k, &x, n, &mut y, ldy).unwrap();
-                    for t in 0..n {
-                        for r in 0..rows {
-                            let want = reference(ty, &w[r * packed..][..packed], &x[t * k..][..k]);
-                            let what = format!("{isa} {ty} k={k} n={n} token {t} row {r}");
-                            assert_close(y[t * ldy + r], want, &what);
-                        }
-                        // Columns past `rows` belong to someone else.
-                        assert!(y[t * ldy + rows..][..2].iter().all(|v| v.is_nan()));
-                    }
+                    checked_gemm(&mut rng, isa, ty, (n, rows, k), TOL);
                 }
             }
         }
     }
 }
 
-/// Prefill-sized batches: the AMX path (16+ tokens) pads tokens to tiles
+/// Prefill-sized batches: the AMX path (48+ tokens) pads tokens to tiles
 /// of 16 and rows to groups of 32, and splits `k` into chunks of 256.
 #[test]
 fn gemm_batches_match_reference_on_every_isa() {
@@ -215,25 +232,10 @@ fn gemm_batches_match_reference_on_every_isa() {
                 if k % ty.block_elems() != 0 {
                     continue;
                 }
-                let ldy = rows + 1;
-                let packed = k / ty.block_elems() * ty.block_bytes();
-                let w = random_rows(&mut rng, ty, rows, k, 0);
-                let x = random_x(&mut rng, n * k);
-                let mut y = vec![f32::NAN; n * ldy];
-                gemm(isa, ty, &w, packed, k, &x, n, &mut y, ldy).unwrap();
-                for t in 0..n {
-                    for r in 0..rows {
-                        let want = reference(ty, &w[r * packed..][..packed], &x[t * k..][..k]);
-                        let what = format!("{isa} {ty} k={k} n={n} token {t} row {r}");
-                        // As tight as f32 summation: the AMX path's bf16
-                        // parts must not lose precision.
-                        assert_within(2e-6, y[t * ldy + r], want, &what);
-                    }
-                    assert!(
-                        y[t * ldy + rows].is_nan(),
-                        "{isa} {ty}: wrote past the rows"
-                    );
-                }
+                // As tight as f32 summation: the AMX path's bf16 parts
+                // must not lose precision.
+                let (w, x, y) = checked_gemm(&mut rng, isa, ty, (n, rows, k), 2e-6);
+                let (ldy, packed) = (rows + 2, k / ty.block_elems() * ty.block_bytes());
                 // The same output filled by two calls on disjoint row
                 // ranges through `gemm_shared` (as threads do).
                 let mut z = vec![f32::NAN; n * ldy];
