@@ -38,6 +38,11 @@ const TK: usize = 32;
 const RG: usize = 2 * T;
 const TG: usize = 2 * T;
 
+/// Tokens per pass: bounds the activation scratch (three parts of
+/// [`KC`] columns) at 768 KiB per thread; longer batches repack the
+/// weights once per pass.
+const MAX_TOKENS: usize = 512;
+
 /// Fewer tokens than this run the AVX-512 micro-kernel: AMX pads the
 /// token count to 16 and repacks every weight tile per call.
 pub(super) const MIN_TOKENS: usize = 48;
@@ -314,6 +319,29 @@ unsafe fn store_c<const MT: usize>(c: *mut f32) {
 /// elements nothing else accesses during the call.
 #[inline(always)]
 pub(super) unsafe fn gemm_tiles<S: Simd>(
+    s: S,
+    sh: &GemmShape,
+    w: &[u8],
+    x: &[f32],
+    y: *mut f32,
+    fill: &impl Fill,
+) {
+    for t0 in (0..sh.n).step_by(MAX_TOKENS) {
+        let pass = GemmShape {
+            n: MAX_TOKENS.min(sh.n - t0),
+            ..*sh
+        };
+        // SAFETY: this function's contract, for tokens `t0..t0 + pass.n`.
+        unsafe { tiles(s, &pass, w, &x[t0 * sh.k..], y.add(t0 * sh.ldy), fill) };
+    }
+}
+
+/// One pass of [`gemm_tiles`] over at most [`MAX_TOKENS`] tokens.
+///
+/// # Safety
+/// As [`gemm_tiles`].
+#[inline(always)]
+unsafe fn tiles<S: Simd>(
     _s: S,
     sh: &GemmShape,
     w: &[u8],
