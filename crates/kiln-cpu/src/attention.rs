@@ -123,7 +123,7 @@ fn scores(
     n: usize,
     sc: &mut [f32],
 ) {
-    if kiln_kernels::gemm_blocking(isa, nq).1 > 16 {
+    if kiln_kernels::gemm_uses_amx(isa, nq) {
         let k = &k[..(n - 1) * kvd + hd];
         // SAFETY: any f32 is 4 valid bytes, and `u8` needs no alignment.
         let w = unsafe { std::slice::from_raw_parts(k.as_ptr().cast::<u8>(), 4 * k.len()) };

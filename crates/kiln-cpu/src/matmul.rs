@@ -126,7 +126,7 @@ pub(crate) fn matmul(
     } else {
         let (tb, align) = kiln_kernels::gemm_blocking(isa, n_tok);
         let dst = SendPtr(out.as_mut_ptr());
-        if tb == n_tok && align > 16 && post.is_none() {
+        if kiln_kernels::gemm_uses_amx(isa, n_tok) && post.is_none() {
             // AMX: one task per thread, each packing its rows once and
             // writing its columns of `out` in place.
             let chunk = n_rows.div_ceil(par.threads()).next_multiple_of(align);

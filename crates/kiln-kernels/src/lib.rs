@@ -7,15 +7,17 @@
 //! * [`gemm`]: `Y[t][r] = dot(W[r], X[t])` for `n` tokens — the prefill
 //!   kernel: a tile of weight rows is dequantized once into an f32 stack
 //!   scratch and reused across tokens by a register-blocked micro-kernel;
-//!   on [`Isa::Amx`] (batches of 48+ tokens, see [`gemm_blocking`]) the tile is split
-//!   into three bf16 parts per operand and multiplied on AMX tiles.
+//!   on [`Isa::Amx`] (batches of 48+ tokens, see [`gemm_uses_amx`]) the
+//!   tile is split into three bf16 parts per operand and multiplied on AMX
+//!   tiles.
 //! * [`argmax_rows`]: the greedy LM head without writing logits.
 //!
 //! Accuracy: weights are dequantized inside the kernel and multiplied
 //! against the f32 activations with f32 FMA (AMX: the six bf16 part
 //! products above 2^-24, accumulated in f32); activations are never
-//! quantized to fewer bits than f32 carries. Results match `kiln_quant::dequantize` + an exact dot to
-//! about 1e-6 of `sum |w_i x_i|` (the summation order differs).
+//! quantized to fewer bits than f32 carries. Results match
+//! `kiln_quant::dequantize` + an exact dot to about 1e-6 of
+//! `sum |w_i x_i|` (the summation order differs).
 //!
 //! Fast paths (AVX2+FMA+F16C and AVX-512): Q4_0, Q5_0, Q8_0, Q4_K, Q5_K,
 //! Q6_K, F16, BF16, F32 (plain types when `k % 32 == 0`). Every other type
@@ -68,7 +70,7 @@ pub enum Isa {
     /// [`Isa::Avx512`] + AVX-512 VNNI.
     Avx512Vnni,
     /// [`Isa::Avx512Vnni`] + AMX-TILE/AMX-BF16 with the OS's permission:
-    /// prefill GEMMs of 16+ tokens run on bf16 tiles (operands split in
+    /// prefill GEMMs of 48+ tokens run on bf16 tiles (operands split in
     /// three parts, as exact as f32); everything else as `Avx512Vnni`.
     Amx,
 }
@@ -437,12 +439,25 @@ pub unsafe fn gemm_shared(
 /// weight row per call, so it wants all tokens at once (and
 /// [`gemm_shared`], to skip the staging copy) and row groups of 32.
 pub fn gemm_blocking(isa: Isa, n: usize) -> (usize, usize) {
-    #[cfg(target_arch = "x86_64")]
-    if isa.min(Isa::cpu_max()) == Isa::Amx && n >= x86::AMX_MIN_TOKENS {
-        return (n, 32);
+    if gemm_uses_amx(isa, n) {
+        (n, 32)
+    } else {
+        (n.min(64), 16)
     }
-    let _ = isa;
-    (n.min(64), 16)
+}
+
+/// Whether [`gemm`] of `n` tokens on `isa` runs on AMX tiles (and
+/// [`gemm_shared`] takes it): [`Isa::Amx`] on this CPU and 48+ tokens.
+pub fn gemm_uses_amx(isa: Isa, n: usize) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        isa.min(Isa::cpu_max()) == Isa::Amx && n >= x86::AMX_MIN_TOKENS
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (isa, n);
+        false
+    }
 }
 
 /// Index (offset by `start_id`) and value of the largest `dot(W[r], x)`

@@ -3,7 +3,7 @@
 //! `sum |w_i x_i|`, the scale of the rounding error of any f32 summation.
 
 use kiln_kernels::{
-    argmax_rows, gemm, gemm_blocking, gemm_shared, gemv, gemv_q, has_gemv_q, Isa, KernelError,
+    argmax_rows, gemm, gemm_shared, gemm_uses_amx, gemv, gemv_q, has_gemv_q, Isa, KernelError,
     QuantX,
 };
 use kiln_quant::GgmlType;
@@ -256,11 +256,11 @@ fn gemm_batches_match_reference_on_every_isa() {
                         gemm(isa, ty, wr, packed, k, &x, n, &mut z[r0..], ldy).unwrap();
                     }
                 }
-                let amx = gemm_blocking(isa, n).1 > 16;
+                let amx = gemm_uses_amx(isa, n);
                 assert_eq!(
                     shared > 0,
                     amx,
-                    "{isa} {ty} n={n}: gemm_shared vs gemm_blocking"
+                    "{isa} {ty} n={n}: gemm_shared vs gemm_uses_amx"
                 );
                 for t in 0..n {
                     for r in 0..rows {

@@ -357,9 +357,8 @@ unsafe fn tiles<S: Simd>(
         ldy,
     } = *sh;
     assert!(x.len() >= n * k);
-    let (elems, bytes) = fill.block();
     let w_parts = fill.bf16_parts();
-    assert!(KC.is_multiple_of(elems));
+    assert!(KC.is_multiple_of(fill.block().0));
     let n_pad = n.div_ceil(TG) * TG;
     // Taken out of the thread-local, not used inside a `with` closure: a
     // closure is compiled without the caller's target features.
@@ -379,15 +378,8 @@ unsafe fn tiles<S: Simd>(
             unsafe { split_x(sa, a_part, x, k, k0, kc, n, n_pad) };
             for r0 in (0..rows).step_by(RG) {
                 let mr = RG.min(rows - r0);
-                let (b0, nb) = (k0 / elems * bytes, kc / elems * bytes);
-                for (i, dst) in sc.tile.chunks_exact_mut(KC).enumerate() {
-                    if i < mr {
-                        fill.fill(&w[(r0 + i) * row_bytes + b0..][..nb], &mut dst[..kc]);
-                        dst[kc..].fill(0.0);
-                    } else {
-                        dst.fill(0.0);
-                    }
-                }
+                // Zero past `kc`: the last step of 32 columns reads them.
+                kern::fill_rows(fill, w, row_bytes, (r0, mr), (k0, kc), &mut sc.tile, KC, KC);
                 // SAFETY: as above.
                 unsafe { pack_w(sb, &sc.tile, w_parts, ksteps) };
                 for t0 in (0..n).step_by(TG) {

@@ -445,6 +445,34 @@ pub(super) trait Fill {
     fn fill(&self, src: &[u8], dst: &mut [f32]);
 }
 
+/// Decodes rows `r0..r0 + mr` of `w` over columns `k0..k0 + kc` into the
+/// tile rows `tile[i * stride..]`; every tile row is `width >= kc` wide,
+/// zero past `kc` and all zero for `i >= mr` (padding rows).
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub(super) fn fill_rows(
+    fill: &impl Fill,
+    w: &[u8],
+    row_bytes: usize,
+    (r0, mr): (usize, usize),
+    (k0, kc): (usize, usize),
+    tile: &mut [f32],
+    stride: usize,
+    width: usize,
+) {
+    let (elems, bytes) = fill.block();
+    let (b0, nb) = (k0 / elems * bytes, kc / elems * bytes);
+    for (i, dst) in tile.chunks_exact_mut(stride).enumerate() {
+        let dst = &mut dst[..width];
+        if i < mr {
+            fill.fill(&w[(r0 + i) * row_bytes + b0..][..nb], &mut dst[..kc]);
+            dst[kc..].fill(0.0);
+        } else {
+            dst.fill(0.0);
+        }
+    }
+}
+
 /// The SIMD decoder of `B`.
 struct Decoded<S, B>(S, core::marker::PhantomData<B>);
 
@@ -570,22 +598,22 @@ fn gemm_tiles<S: Simd, const MR: usize, const NR: usize>(
         n,
         ldy,
     } = *sh;
-    let (elems, bytes) = fill.block();
     let mut tile = [0.0f32; MAX_MR * KC];
     for r0 in (0..rows).step_by(MR) {
         let mr = MR.min(rows - r0);
         for k0 in (0..k).step_by(KC) {
             let kc = KC.min(k - k0);
-            let (b0, nb) = (k0 / elems * bytes, kc / elems * bytes);
-            for i in 0..MR {
-                let dst = &mut tile[i * KC..][..kc];
-                if i < mr {
-                    fill.fill(&w[(r0 + i) * row_bytes + b0..][..nb], dst);
-                } else {
-                    // Padding rows: computed, never stored.
-                    dst.fill(0.0);
-                }
-            }
+            // Padding rows: computed, never stored.
+            fill_rows(
+                fill,
+                w,
+                row_bytes,
+                (r0, mr),
+                (k0, kc),
+                &mut tile[..MR * KC],
+                KC,
+                kc,
+            );
             let first = k0 == 0;
             let mut t0 = 0;
             while t0 < n {

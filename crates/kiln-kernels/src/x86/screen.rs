@@ -42,6 +42,18 @@ pub(super) unsafe fn screen_avx2(sx: &ScreenX, w: &[u8], row_bytes: usize, hi: &
     max_lo
 }
 
+/// The first `len` bytes of rows `r0..r0 + R`. A loop, not
+/// `array::from_fn`: that closure is not inlined into the screens (a call
+/// per row group, 3% of a decode step).
+#[inline(always)]
+fn group<const R: usize>(w: &[u8], row_bytes: usize, r0: usize, len: usize) -> [&[u8]; R] {
+    let mut rows: [&[u8]; R] = [&[]; R];
+    for (i, row) in rows.iter_mut().enumerate() {
+        *row = &w[(r0 + i) * row_bytes..][..len];
+    }
+    rows
+}
+
 /// `R` rows from row `r0`: per row the same ops, in the same order, as
 /// the one-row screen.
 ///
@@ -59,12 +71,7 @@ unsafe fn rows_avx2<const R: usize>(
 ) {
     let nb = sx.k / 32;
     let ones = _mm256_set1_epi16(1);
-    // A loop, not `array::from_fn`: its closure is not inlined here (a
-    // call per row group, 3% of a decode step).
-    let mut rows: [&[u8]; R] = [&[]; R];
-    for (i, row) in rows.iter_mut().enumerate() {
-        *row = &w[(r0 + i) * row_bytes..][..nb * BLK];
-    }
+    let rows = group::<R>(w, row_bytes, r0, nb * BLK);
     // Next group's bytes at the same offset (prefetch never faults).
     let ahead = R * row_bytes;
     let mut acc = [_mm256_setzero_ps(); R];
@@ -180,12 +187,7 @@ unsafe fn rows_vnni<const R: usize>(
         0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 17, 17, 17, 17, 17, 17, 17, 17, 0, 0, 0, 0,
         0, 0, 0, 0,
     );
-    // A loop, not `array::from_fn`: its closure is not inlined here (a
-    // call per row group, 3% of a decode step).
-    let mut rows: [&[u8]; R] = [&[]; R];
-    for (i, row) in rows.iter_mut().enumerate() {
-        *row = &w[(r0 + i) * row_bytes..][..nb * BLK];
-    }
+    let rows = group::<R>(w, row_bytes, r0, nb * BLK);
     // Next group's bytes at the same offset (prefetch never faults).
     let ahead = R * row_bytes;
     let mut acc = [_mm512_setzero_ps(); R];
