@@ -5,6 +5,7 @@
 //! - [`chat`]: rendering a conversation into a prompt.
 //! - [`bucket`]: prefill buckets, the decode ladder, the plan LRU.
 //! - [`session`]: [`Session`], load a GGUF and generate.
+//! - [`engine`]: continuous batching of many sequences (`kiln serve`).
 //! - [`perplexity`]: llama-perplexity's chunked PPL.
 //!
 //! ```
@@ -15,6 +16,7 @@
 
 pub mod bucket;
 pub mod chat;
+pub mod engine;
 pub mod error;
 pub mod perplexity;
 pub mod rng;
