@@ -35,6 +35,7 @@ enum Command {
     Logits(cmd::logits::Args),
     Perplexity(cmd::perplexity::Args),
     Bench(cmd::bench::Args),
+    Serve(cmd::serve::Args),
     Synth(cmd::synth::Args),
 }
 
@@ -49,6 +50,7 @@ fn main() -> ExitCode {
         Command::Logits(a) => cmd::logits::run(a),
         Command::Perplexity(a) => cmd::perplexity::run(a),
         Command::Bench(a) => cmd::bench::run(a),
+        Command::Serve(a) => cmd::serve::run(a),
         Command::Synth(a) => cmd::synth::run(a),
     };
     match result {

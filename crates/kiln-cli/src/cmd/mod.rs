@@ -8,5 +8,6 @@ pub mod inspect;
 pub mod logits;
 pub mod perplexity;
 pub mod run;
+pub mod serve;
 pub mod synth;
 pub mod tokenize;
