@@ -328,8 +328,9 @@ fn common(
     if let Some(t) = f.f64_in("temperature", 0.0, 2.0)? {
         p.temperature = t as f32;
     }
+    // Compared after the cast: 1e-50 is above 0 as f64 but not as f32.
     if let Some(x) = f.f64_in("top_p", 0.0, 1.0)? {
-        if x == 0.0 {
+        if x as f32 <= 0.0 {
             return Err(ApiError::param("top_p", "'top_p' must be above 0"));
         }
         p.top_p = x as f32;
@@ -348,7 +349,7 @@ fn common(
         p.frequency_penalty = x as f32;
     }
     if let Some(x) = f.f64_in("repetition_penalty", 0.0, 10.0)? {
-        if x == 0.0 {
+        if x as f32 <= 0.0 {
             return Err(ApiError::param(
                 "repetition_penalty",
                 "'repetition_penalty' must be above 0",
@@ -553,3 +554,7 @@ pub fn parse_detokenize(body: &[u8], limits: &Limits) -> Result<Vec<u32>, ApiErr
         None => Err(ApiError::param("tokens", "'tokens' is required")),
     }
 }
+
+#[cfg(test)]
+#[path = "request_tests.rs"]
+mod tests;

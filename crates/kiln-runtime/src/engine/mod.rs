@@ -67,7 +67,7 @@ pub use metrics::{EngineMetrics, Histogram};
 pub use prefix::kv_bytes;
 
 /// How the engine runs; zeros pick the defaults described per field.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct EngineConfig {
     /// Most sequences in flight; 0 = as many caches of `max_context`
     /// positions as fit the budget, between 1 and 16.
@@ -84,18 +84,6 @@ pub struct EngineConfig {
     pub max_queue: usize,
     /// Prompt tokens prefilled per step across all sequences; 0 = 256.
     pub step_tokens: usize,
-}
-
-impl Default for EngineConfig {
-    fn default() -> Self {
-        EngineConfig {
-            parallel: 0,
-            max_context: 0,
-            kv_budget_bytes: 0,
-            max_queue: 0,
-            step_tokens: 0,
-        }
-    }
 }
 
 /// Work for the engine.
@@ -244,7 +232,7 @@ pub enum EngineState {
 
 pub(crate) enum Command {
     Submit {
-        job: Job,
+        job: Box<Job>,
         events: UnboundedSender<Event>,
         arrived: Instant,
     },
@@ -372,7 +360,7 @@ impl Engine {
         }
         let (events, rx) = unbounded_channel();
         let cmd = Command::Submit {
-            job,
+            job: Box::new(job),
             events,
             arrived: Instant::now(),
         };

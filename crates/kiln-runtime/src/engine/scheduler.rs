@@ -239,7 +239,7 @@ impl<'t, B: Backend> Scheduler<'t, B> {
                 events,
                 arrived,
             } => {
-                for p in expand(job, events, arrived) {
+                for p in expand(*job, events, arrived) {
                     if self.draining {
                         self.metrics().waiting.fetch_sub(1, Ordering::AcqRel);
                         p.fail(EngineError::ShuttingDown);

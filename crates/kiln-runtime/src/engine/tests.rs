@@ -190,7 +190,7 @@ fn prefix_cache_reuses_the_shared_prompt_and_gives_the_same_tokens() {
 #[test]
 fn a_rewind_the_ring_refuses_recomputes_with_the_same_result() {
     let (engine, tok) = start(EngineConfig::default());
-    let long: Vec<u32> = tok.encode(&"word ".repeat(30), true, true);
+    let long: Vec<u32> = tok.encode("word ".repeat(30), true, true);
     drop(collect(
         engine
             .submit(Job::Generate(GenerateJob::new(long.clone(), greedy(2))))
