@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use kiln_gguf::Gguf;
 pub use kiln_kernels::Isa;
-use kiln_model::{AttnParams, Backend, ModelError, PastKv, Result, RopeConfig};
+use kiln_model::{AttnParams, Backend, ModelError, PastKv, Result, RopeConfig, StepInput};
 use kiln_quant::GgmlType;
 
 pub use crate::buf::CpuBuf;
@@ -59,6 +59,14 @@ impl CpuWeight {
             .map(|t| t.data)
             .expect("bound tensor present in its file")
     }
+}
+
+/// A step's inputs in host memory, and the ids its argmax ops wrote.
+#[derive(Debug, Default)]
+pub struct CpuStep {
+    input: StepInput,
+    max_rows: usize,
+    ids: Vec<u32>,
 }
 
 /// Settings of a [`CpuBackend`].
@@ -171,6 +179,7 @@ fn check_w(op: &str, name: &str, part: &str, need: usize, have: usize) -> Result
 impl Backend for CpuBackend {
     type Buf = CpuBuf;
     type Weight = CpuWeight;
+    type Step = CpuStep;
 
     fn name(&self) -> &str {
         "cpu"
@@ -237,7 +246,36 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn embed(&self, table: &CpuWeight, ids: &[u32], scale: f32, out: &mut CpuBuf) -> Result<()> {
+    fn new_step(&self, max_rows: usize) -> Result<CpuStep> {
+        Ok(CpuStep {
+            input: StepInput::default(),
+            max_rows,
+            ids: vec![0; max_rows],
+        })
+    }
+
+    fn load_step(&self, input: &StepInput, step: &mut CpuStep) -> Result<()> {
+        check("step rows", input.rows(), step.max_rows)?;
+        step.input.clone_from(input);
+        Ok(())
+    }
+
+    fn read_ids(&self, step: &CpuStep, out: &mut [u32]) -> Result<()> {
+        check("read_ids", out.len(), step.ids.len())?;
+        out.copy_from_slice(&step.ids[..out.len()]);
+        Ok(())
+    }
+
+    fn embed(
+        &self,
+        table: &CpuWeight,
+        step: &CpuStep,
+        n_tok: usize,
+        scale: f32,
+        out: &mut CpuBuf,
+    ) -> Result<()> {
+        check("embed ids", n_tok, step.input.tokens.len())?;
+        let ids = &step.input.tokens[..n_tok];
         let cols = table.cols;
         check("embed", ids.len() * cols, out.len())?;
         let data = table.data();
@@ -324,11 +362,13 @@ impl Backend for CpuBackend {
         n_tok: usize,
         n_heads: usize,
         head_dim: usize,
-        p0: usize,
+        step: &CpuStep,
         rope: &RopeConfig,
     ) -> Result<()> {
         let row = n_heads * head_dim;
         check("rope", n_tok * row, x.len())?;
+        check("rope positions", n_tok, step.input.positions.len())?;
+        let pos = &step.input.positions[..n_tok];
         let half = rope.n_rot / 2;
         if half == 0 {
             return Ok(());
@@ -358,19 +398,23 @@ impl Backend for CpuBackend {
         // Each task takes the exact angles of its first token, then
         // rotates by one position step per token: f64 drifts ~1e-16 per
         // step, far below the f32 the values are stored in, and saves
-        // ROPE_TOKENS - 1 of every ROPE_TOKENS `sin_cos` calls.
+        // ROPE_TOKENS - 1 of every ROPE_TOKENS `sin_cos` calls. A row that
+        // does not follow its predecessor (the next sequence of a batch)
+        // takes exact angles again.
         self.par
             .chunks_mut(&mut x[..n_tok * row], ROPE_TOKENS * row, |ci, block| {
                 let t0 = ci * ROPE_TOKENS;
                 ROPE_CS.with(|cs| {
                     let mut cs = cs.borrow_mut();
-                    cs.clear();
-                    cs.extend(inv.iter().map(|p| {
-                        let (s, c) = ((p0 + t0) as f64 * p.f).sin_cos();
-                        (c, s)
-                    }));
                     for (j, r) in block.chunks_mut(row).enumerate() {
-                        if j > 0 {
+                        let p = pos[t0 + j];
+                        if j == 0 || p != pos[t0 + j - 1].wrapping_add(1) {
+                            cs.clear();
+                            cs.extend(inv.iter().map(|pair| {
+                                let (s, c) = (f64::from(p) * pair.f).sin_cos();
+                                (c, s)
+                            }));
+                        } else {
                             for ((c, s), p) in cs.iter_mut().zip(&inv) {
                                 (*c, *s) = (*c * p.cos - *s * p.sin, *s * p.cos + *c * p.sin);
                             }
@@ -397,15 +441,17 @@ impl Backend for CpuBackend {
         cur_v: &CpuBuf,
         past: Option<PastKv<'_, Self>>,
         p: &AttnParams,
+        _step: &CpuStep,
         out: &mut CpuBuf,
     ) -> Result<()> {
         let hd = p.head_dim;
         let qd = p.n_head * hd;
         let kvd = p.n_kv_head * hd;
-        check("attention q", p.n_tok * qd, q.len())?;
-        check("attention k", p.n_tok * kvd, cur_k.len())?;
-        check("attention v", p.n_tok * kvd, cur_v.len())?;
-        check("attention out", p.n_tok * qd, out.len())?;
+        let end = p.row0 + p.n_tok;
+        check("attention q", end * qd, q.len())?;
+        check("attention k", end * kvd, cur_k.len())?;
+        check("attention v", end * kvd, cur_v.len())?;
+        check("attention out", end * qd, out.len())?;
         if let Some(pk) = &past {
             let held = p.p0 - pk.start.min(p.p0);
             if held > pk.rows || pk.k.len() < pk.rows * kvd || pk.v.len() < pk.rows * kvd {
@@ -427,7 +473,17 @@ impl Backend for CpuBackend {
             start: pk.start,
             rows: pk.rows,
         });
-        attention::attention(&self.par, self.isa, q, cur_k, cur_v, past.as_ref(), p, out);
+        let (r0, r1) = (p.row0, end);
+        attention::attention(
+            &self.par,
+            self.isa,
+            &q[r0 * qd..r1 * qd],
+            &cur_k[r0 * kvd..r1 * kvd],
+            &cur_v[r0 * kvd..r1 * kvd],
+            past.as_ref(),
+            p,
+            &mut out[r0 * qd..r1 * qd],
+        );
         Ok(())
     }
 
@@ -524,8 +580,10 @@ impl Backend for CpuBackend {
         self.lm_head_into(w, h, n_tok, softcap, out)
     }
 
-    fn argmax_head(&self, w: &CpuWeight, h: &CpuBuf) -> Result<u32> {
-        check("argmax_head", w.cols, h.len())?;
+    fn argmax_head(&self, w: &CpuWeight, h: &CpuBuf, row: usize, step: &mut CpuStep) -> Result<()> {
+        check("argmax_head", (row + 1) * w.cols, h.len())?;
+        check("argmax_head id", row + 1, step.ids.len())?;
+        let h = &h[row * w.cols..(row + 1) * w.cols];
         let screened = if exact_argmax() {
             None
         } else {
@@ -544,7 +602,8 @@ impl Backend for CpuBackend {
                 value,
             });
         }
-        Ok(m.index as u32)
+        step.ids[row] = m.index as u32;
+        Ok(())
     }
 }
 

@@ -8,12 +8,102 @@ use kiln_gguf::Gguf;
 use crate::config::RopeConfig;
 use crate::error::Result;
 
-/// Shape and masking of one attention call.
+/// The host side of one step's inputs: what changes between two steps of
+/// the same shape. The model fills it; [`Backend::load_step`] copies it
+/// into the backend's [`Backend::Step`], which the ops read (on a GPU, one
+/// small copy, so a captured graph replays with new positions).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct StepInput {
+    /// Token id of every row.
+    pub tokens: Vec<u32>,
+    /// Position of every row.
+    pub positions: Vec<u32>,
+    /// The sequences, their rows laid end to end in order.
+    pub seqs: Vec<SeqSpan>,
+}
+
+/// One sequence's rows in a step.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SeqSpan {
+    /// First row of the sequence in the step.
+    pub row0: usize,
+    /// Rows (new tokens) of the sequence.
+    pub n_rows: usize,
+    /// Positions already in its KV cache; row `t` is at `p0 + t`.
+    pub p0: usize,
+}
+
+impl Clone for StepInput {
+    fn clone(&self) -> Self {
+        StepInput {
+            tokens: self.tokens.clone(),
+            positions: self.positions.clone(),
+            seqs: self.seqs.clone(),
+        }
+    }
+
+    /// Reuses the allocations (a backend copies each step's input).
+    fn clone_from(&mut self, src: &Self) {
+        self.tokens.clone_from(&src.tokens);
+        self.positions.clone_from(&src.positions);
+        self.seqs.clone_from(&src.seqs);
+    }
+}
+
+impl StepInput {
+    /// Empties it, keeping the allocations.
+    pub fn clear(&mut self) {
+        self.tokens.clear();
+        self.positions.clear();
+        self.seqs.clear();
+    }
+
+    /// Appends a sequence of `tokens` whose cache holds `p0` positions.
+    pub fn push_seq(&mut self, tokens: &[u32], p0: usize) {
+        let row0 = self.tokens.len();
+        self.tokens.extend_from_slice(tokens);
+        self.positions
+            .extend((0..tokens.len()).map(|t| (p0 + t) as u32));
+        self.seqs.push(SeqSpan {
+            row0,
+            n_rows: tokens.len(),
+            p0,
+        });
+    }
+
+    /// Rows in the step.
+    pub fn rows(&self) -> usize {
+        self.tokens.len()
+    }
+}
+
+/// What identifies a replayable step: the same key means the same kernels
+/// on the same buffers with the same launch shapes, so a backend may
+/// replay a graph captured for it. Only the step's inputs may differ.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GraphKey {
+    /// Rows of the step.
+    pub rows: usize,
+    /// KV length bucket (a power of two at least every sequence's
+    /// `p0 + n_rows`); attention launch shapes are sized by it.
+    pub kv_bucket: usize,
+    /// Identity of the buffers the step touches (scratch and caches);
+    /// changes whenever one is reallocated.
+    pub buffers: u64,
+}
+
+/// Shape and masking of one attention call: the query rows
+/// `row0..row0 + n_tok` of one sequence.
 #[derive(Clone, Copy, Debug)]
 pub struct AttnParams {
     /// Query rows in this call; query `t` is at position `p0 + t`.
     pub n_tok: usize,
     pub p0: usize,
+    /// First row of this sequence in `q`, the current K/V and `out`.
+    pub row0: usize,
+    /// Index of the sequence in the step (device backends read `p0` from
+    /// the step through it, so it need not be baked into a graph).
+    pub seq: usize,
     pub n_head: usize,
     pub n_kv_head: usize,
     pub head_dim: usize,
@@ -39,6 +129,9 @@ pub struct PastKv<'a, B: ?Sized + Backend> {
 /// larger than the current batch.
 pub trait Backend: Send + Sync {
     type Buf: Send + Sync;
+    /// The backend's copy of a [`StepInput`] (host memory on the CPU,
+    /// device memory on a GPU), plus the ids an argmax writes.
+    type Step: Send + Sync;
     /// A packed 2-D or 3-D weight (3-D tensors are viewed as one matrix of
     /// `dims[1] * dims[2]` rows).
     type Weight: Send + Sync;
@@ -56,11 +149,20 @@ pub trait Backend: Send + Sync {
     /// Copies `out.len()` values starting at `offset` to the host.
     fn download(&self, b: &Self::Buf, offset: usize, out: &mut [f32]) -> Result<()>;
 
-    /// `out[t] = table[ids[t]] * scale` (dequantizes only those rows).
+    /// A step buffer for up to `max_rows` rows.
+    fn new_step(&self, max_rows: usize) -> Result<Self::Step>;
+    /// Copies `input` into `step` (checks that ids and rows fit).
+    fn load_step(&self, input: &StepInput, step: &mut Self::Step) -> Result<()>;
+    /// Copies the ids the argmax ops wrote to rows `0..out.len()`.
+    fn read_ids(&self, step: &Self::Step, out: &mut [u32]) -> Result<()>;
+
+    /// `out[t] = table[step.tokens[t]] * scale` for `t < n_tok`
+    /// (dequantizes only those rows).
     fn embed(
         &self,
         table: &Self::Weight,
-        ids: &[u32],
+        step: &Self::Step,
+        n_tok: usize,
         scale: f32,
         out: &mut Self::Buf,
     ) -> Result<()>;
@@ -84,20 +186,22 @@ pub trait Backend: Send + Sync {
         w: Option<&Self::Buf>,
         eps: f32,
     ) -> Result<()>;
-    /// NEOX RoPE in place on `[n_tok, n_heads, head_dim]`, token `t` at
-    /// position `p0 + t`.
+    /// NEOX RoPE in place on `[n_tok, n_heads, head_dim]`, row `t` at
+    /// position `step.positions[t]`.
     fn rope(
         &self,
         x: &mut Self::Buf,
         n_tok: usize,
         n_heads: usize,
         head_dim: usize,
-        p0: usize,
+        step: &Self::Step,
         rope: &RopeConfig,
     ) -> Result<()>;
-    /// Causal attention of `q [n_tok, n_head*hd]` over `past` (positions
-    /// before `p0`) and `cur_k/cur_v [n_tok, n_kv*hd]` (positions
-    /// `p0..p0+n_tok`) into `out [n_tok, n_head*hd]`.
+    /// Causal attention of one sequence: its queries (rows `row0..row0 +
+    /// n_tok` of `q [rows, n_head*hd]`) over `past` (positions before
+    /// `p0`) and its rows of `cur_k/cur_v [rows, n_kv*hd]` (positions
+    /// `p0..p0+n_tok`), into the same rows of `out [rows, n_head*hd]`.
+    #[allow(clippy::too_many_arguments)]
     fn attention(
         &self,
         q: &Self::Buf,
@@ -105,8 +209,52 @@ pub trait Backend: Send + Sync {
         cur_v: &Self::Buf,
         past: Option<PastKv<'_, Self>>,
         p: &AttnParams,
+        step: &Self::Step,
         out: &mut Self::Buf,
     ) -> Result<()>;
+    /// Stores rows `src_row0..src_row0 + n` of `k`/`v` (a sequence's
+    /// positions `p0..p0 + n`) in its cache: position `pos` in row `pos %
+    /// rows` of a ring, row `pos` otherwise. A ring keeps only the last
+    /// `rows` of the batch. The default copies with [`Backend::copy_strided`]
+    /// from the host `p0`; a device backend may read it from the step.
+    #[allow(clippy::too_many_arguments)]
+    fn store_kv(
+        &self,
+        k: &Self::Buf,
+        v: &Self::Buf,
+        src_row0: usize,
+        dst: KvDst<'_, Self>,
+        n: usize,
+        p0: usize,
+        _seq: usize,
+        _step: &Self::Step,
+    ) -> Result<()> {
+        let first = if dst.ring {
+            n.saturating_sub(dst.rows)
+        } else {
+            0
+        };
+        let mut t = first;
+        while t < n {
+            let slot = if dst.ring {
+                (p0 + t) % dst.rows
+            } else {
+                p0 + t
+            };
+            // Contiguous run until the ring wraps.
+            let run = if dst.ring {
+                (n - t).min(dst.rows - slot)
+            } else {
+                n - t
+            };
+            let (off_s, off_d) = ((src_row0 + t) * dst.row_len, slot * dst.row_len);
+            let len = run * dst.row_len;
+            self.copy_strided(k, off_s, 0, dst.k, off_d, 0, 1, len, 1.0, false)?;
+            self.copy_strided(v, off_s, 0, dst.v, off_d, 0, 1, len, 1.0, false)?;
+            t += run;
+        }
+        Ok(())
+    }
     /// `gate[i] = gelu_tanh(gate[i]) * up[i]` for `i < n`.
     fn gelu_mul(&self, gate: &mut Self::Buf, up: &Self::Buf, n: usize) -> Result<()>;
     /// `x[i] += y[i]` for `i < n`.
@@ -168,8 +316,38 @@ pub trait Backend: Send + Sync {
     }
     /// `x[i] = c * tanh(x[i] / c)` for `i < n`.
     fn softcap(&self, x: &mut Self::Buf, c: f32, n: usize) -> Result<()>;
-    /// Index of the largest logit of row 0 of `h` against `W` (ties: lowest
-    /// id), without materialising the logits. Softcaps are monotonic, so
-    /// they do not change it.
-    fn argmax_head(&self, w: &Self::Weight, h: &Self::Buf) -> Result<u32>;
+    /// Index of the largest logit of row `row` of `h` against `W` (ties:
+    /// lowest id), without materialising the logits, into the step's id
+    /// `row` ([`Backend::read_ids`]). Softcaps are monotonic, so they do
+    /// not change it. A non-finite logit is an error
+    /// ([`crate::ModelError::NonFiniteLogit`], `pos` 0: the model fills it
+    /// in), or, where the backend cannot report it at once, id `u32::MAX`.
+    fn argmax_head(
+        &self,
+        w: &Self::Weight,
+        h: &Self::Buf,
+        row: usize,
+        step: &mut Self::Step,
+    ) -> Result<()>;
+
+    /// Runs `f`, the whole of a step whose shape and buffers `key`
+    /// identifies. A backend with graphs may capture `f`'s work the first
+    /// time a key is seen and replay it later without calling `f` again,
+    /// so `f` must do nothing on the host besides enqueueing ops. `None`:
+    /// not replayable, just run it. The default runs `f`.
+    fn run_step(&self, _key: Option<GraphKey>, f: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        f()
+    }
+}
+
+/// A layer's cache as a [`Backend::store_kv`] destination.
+pub struct KvDst<'a, B: ?Sized + Backend> {
+    pub k: &'a mut B::Buf,
+    pub v: &'a mut B::Buf,
+    /// Allocated rows.
+    pub rows: usize,
+    /// Values per row.
+    pub row_len: usize,
+    /// A sliding-window ring (`pos % rows`) rather than `pos` rows.
+    pub ring: bool,
 }

@@ -4,7 +4,9 @@
 //! allocated only as far as positions are reserved (a ring never beyond its
 //! window), so a short context costs short buffers.
 
-use crate::backend::{Backend, PastKv};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::backend::{Backend, KvDst, PastKv};
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 
@@ -29,6 +31,16 @@ pub struct KvCache<B: Backend> {
     /// The batch being stored overwrote ring rows of positions before
     /// `len`: if it fails, the cache no longer holds them.
     clobbered: bool,
+    /// Identity of the current allocations ([`buffer_id`]), renewed on
+    /// every reallocation.
+    id: u64,
+}
+
+/// A process-unique id for a set of buffers: steps keyed by it (see
+/// [`crate::GraphKey`]) can tell a reallocated buffer from the old one.
+pub(crate) fn buffer_id() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
 /// Positions the cache grows by when a forward call outruns what was
@@ -62,6 +74,7 @@ impl<B: Backend> KvCache<B> {
             len: 0,
             max_len: cfg.context_length,
             clobbered: false,
+            id: buffer_id(),
         })
     }
 
@@ -111,6 +124,12 @@ impl<B: Backend> KvCache<B> {
         Ok(())
     }
 
+    /// Identity of the cache's current buffers: changes whenever
+    /// [`KvCache::reserve`] reallocates them.
+    pub fn buffers_id(&self) -> u64 {
+        self.id
+    }
+
     /// Rows allocated for `layer` (0 for KV-shared layers).
     pub fn allocated_rows(&self, layer: usize) -> usize {
         self.layers
@@ -148,6 +167,7 @@ impl<B: Backend> KvCache<B> {
             )));
         }
         let len = self.len;
+        let mut grew = false;
         for l in self.layers.iter_mut().flatten() {
             let rows = if l.ring { n_pos.min(l.window) } else { n_pos };
             if l.rows < rows {
@@ -157,7 +177,11 @@ impl<B: Backend> KvCache<B> {
                 l.k = grow(backend, &l.k, live, rows * l.row_len)?;
                 l.v = grow(backend, &l.v, live, rows * l.row_len)?;
                 l.rows = rows;
+                grew = true;
             }
+        }
+        if grew {
+            self.id = buffer_id();
         }
         Ok(())
     }
@@ -200,15 +224,20 @@ impl<B: Backend> KvCache<B> {
         })
     }
 
-    /// Writes the `n` new rows (positions `len..len + n`) of `layer` from
-    /// `k`/`v`; [`KvCache::advance`] then counts them once every layer has.
+    /// Writes rows `src_row0..src_row0 + n` of `k`/`v` (positions `len..len
+    /// + n`) of `layer`; [`KvCache::advance`] then counts them once every
+    /// layer has. `seq` is the sequence's index in `step`.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn store(
         &mut self,
         backend: &B,
         layer: usize,
+        src_row0: usize,
         n: usize,
         k: &B::Buf,
         v: &B::Buf,
+        seq: usize,
+        step: &B::Step,
     ) -> Result<()> {
         let p0 = self.len;
         let Some(l) = self.layers.get_mut(layer).and_then(|l| l.as_mut()) else {
@@ -228,21 +257,16 @@ impl<B: Backend> KvCache<B> {
                 p0 + n
             )));
         }
-        // A ring only keeps the last `rows` positions of the batch; once it
-        // wraps, the rows it writes held positions before `p0`.
-        let first = if l.ring { n.saturating_sub(l.rows) } else { 0 };
+        // Once a ring wraps, the rows it writes held positions before `p0`.
         self.clobbered |= l.ring && p0 > 0 && p0 + n > l.rows;
-        let mut t = first;
-        while t < n {
-            let slot_row = (p0 + t) % l.rows;
-            // Contiguous run until the ring wraps.
-            let run = (n - t).min(l.rows - slot_row);
-            let (off_s, off_d, len) = (t * l.row_len, slot_row * l.row_len, run * l.row_len);
-            backend.copy_strided(k, off_s, 0, &mut l.k, off_d, 0, 1, len, 1.0, false)?;
-            backend.copy_strided(v, off_s, 0, &mut l.v, off_d, 0, 1, len, 1.0, false)?;
-            t += run;
-        }
-        Ok(())
+        let dst = KvDst {
+            k: &mut l.k,
+            v: &mut l.v,
+            rows: l.rows,
+            row_len: l.row_len,
+            ring: l.ring,
+        };
+        backend.store_kv(k, v, src_row0, dst, n, p0, seq, step)
     }
 
     /// Counts the `n` positions every layer has stored.

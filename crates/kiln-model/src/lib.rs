@@ -11,8 +11,8 @@ mod error;
 mod kv;
 mod model;
 
-pub use backend::{AttnParams, Backend, PastKv};
+pub use backend::{AttnParams, Backend, GraphKey, KvDst, PastKv, SeqSpan, StepInput};
 pub use config::{Arch, LayerConfig, ModelConfig, MoeConfig, RopeConfig};
 pub use error::{nonfinite_name, ModelError, Result};
 pub use kv::KvCache;
-pub use model::{env_flag, Model, Output, Scratch, TapStats};
+pub use model::{env_flag, BatchSeq, Model, Output, Scratch, TapStats};

@@ -5,10 +5,55 @@ use std::sync::Arc;
 
 use kiln_gguf::{GgmlType, Gguf};
 
-use crate::backend::{AttnParams, Backend};
+use crate::backend::{AttnParams, Backend, GraphKey, StepInput};
 use crate::config::{LayerConfig, ModelConfig};
 use crate::error::{ModelError, Result};
-use crate::kv::KvCache;
+use crate::kv::{buffer_id, KvCache};
+
+/// One sequence's part of a [`Model::forward_batch`] step.
+pub struct BatchSeq<'a, B: Backend> {
+    /// Its new tokens (a decode row is one).
+    pub tokens: &'a [u32],
+    /// Its cache: the tokens run at positions `cache.len()..`.
+    pub cache: &'a mut KvCache<B>,
+    pub output: Output,
+    /// Logits or hidden states, resized (untouched for [`Output::Argmax`]).
+    pub out: &'a mut Vec<f32>,
+}
+
+/// Where a step's output rows for one sequence lie: `rows` rows from
+/// `row` of the residual stream, gathered to row `dst` of `s.h` in
+/// `group` (0: logits to the host, 1: the argmax head, 2: hidden states).
+#[derive(Clone, Copy, Debug, Default)]
+struct OutRows {
+    row: usize,
+    rows: usize,
+    group: usize,
+    dst: usize,
+}
+
+/// Checks a sequence's logits rows (the first at position `pos`) and, for
+/// [`Output::Argmax`], takes their argmax: the first maximum, so ties go to
+/// the lowest id like the argmax head.
+fn take_logits(output: Output, mine: &[f32], pos: usize, v: usize) -> Result<Option<u32>> {
+    if let Some(i) = mine.iter().position(|x| !x.is_finite()) {
+        return Err(ModelError::NonFiniteLogit {
+            pos: pos + i / v,
+            token: (i % v) as u32,
+            value: mine[i],
+        });
+    }
+    if output != Output::Argmax {
+        return Ok(None);
+    }
+    let (mut best, mut at) = (f32::NEG_INFINITY, 0);
+    for (i, &x) in mine.iter().enumerate() {
+        if x > best {
+            (best, at) = (x, i);
+        }
+    }
+    Ok(Some(at as u32))
+}
 
 /// What a forward call returns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -379,6 +424,7 @@ impl<B: Backend> Model<B> {
     /// cache and writes the requested output into `out` (resized; untouched
     /// for [`Output::Argmax`], whose token is returned). A NaN or infinite
     /// logit is an error ([`ModelError::NonFiniteLogit`]), never skipped.
+    /// A one-sequence [`Model::forward_batch`].
     ///
     /// A failed call leaves the cache's length as it was, except when the
     /// batch had already overwritten sliding-window rows the cache still
@@ -398,110 +444,270 @@ impl<B: Backend> Model<B> {
         output: Output,
         out: &mut Vec<f32>,
     ) -> Result<Option<u32>> {
-        let n = tokens.len();
-        if n == 0 {
-            return Err(ModelError::Invalid("forward called with no tokens".into()));
+        let mut seqs = [BatchSeq {
+            tokens,
+            cache,
+            output,
+            out,
+        }];
+        self.step(&mut seqs, s)?;
+        s.results.pop().unwrap_or(Ok(None))
+    }
+
+    /// Runs the new tokens of several sequences in one step: every matmul
+    /// once over all their rows (each weight read once), attention per
+    /// sequence over its own cache. Each row gets the same arithmetic as
+    /// in a one-sequence call.
+    ///
+    /// The outer error fails the whole step (each cache as after a failed
+    /// [`Model::forward`]); an inner one fails that sequence alone (a
+    /// non-finite logit), whose cache is rolled back the same way while
+    /// the others advance. `Ok(Some(id))` answers [`Output::Argmax`].
+    pub fn forward_batch(
+        &self,
+        seqs: &mut [BatchSeq<'_, B>],
+        s: &mut Scratch<B>,
+    ) -> Result<Vec<Result<Option<u32>>>> {
+        self.step(seqs, s)?;
+        Ok(s.results.drain(..).collect())
+    }
+
+    /// [`Model::forward_batch`] with each sequence's result left in
+    /// `s.results` (no allocation once the scratch has warmed up).
+    fn step(&self, seqs: &mut [BatchSeq<'_, B>], s: &mut Scratch<B>) -> Result<()> {
+        if seqs.is_empty() {
+            return Err(ModelError::Invalid(
+                "forward called with no sequences".into(),
+            ));
         }
+        let n: usize = seqs.iter().map(|q| q.tokens.len()).sum();
         if n > s.max_tokens {
             return Err(ModelError::Invalid(format!(
                 "{n} tokens exceed the scratch capacity {} (make a larger scratch)",
                 s.max_tokens
             )));
         }
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.config.n_vocab) {
-            return Err(ModelError::Invalid(format!(
-                "token id {bad} out of range (vocab {})",
-                self.config.n_vocab
-            )));
-        }
-        if let Output::LogitsFrom(start) = output {
-            if start >= n {
+        for q in seqs.iter() {
+            let len = q.tokens.len();
+            if len == 0 {
+                return Err(ModelError::Invalid("forward called with no tokens".into()));
+            }
+            if let Some(&bad) = q
+                .tokens
+                .iter()
+                .find(|&&t| t as usize >= self.config.n_vocab)
+            {
                 return Err(ModelError::Invalid(format!(
-                    "logits from row {start} of a {n}-token batch"
+                    "token id {bad} out of range (vocab {})",
+                    self.config.n_vocab
                 )));
             }
+            if let Output::LogitsFrom(start) = q.output {
+                if start >= len {
+                    return Err(ModelError::Invalid(format!(
+                        "logits from row {start} of a {len}-token batch"
+                    )));
+                }
+            }
         }
-        cache.ensure(&self.backend, cache.len() + n)?;
-        let r = self.run(tokens, cache, s, output, out);
-        match r {
-            Ok(_) => cache.advance(n),
-            Err(_) => cache.abort(),
+        for q in seqs.iter_mut() {
+            let end = q.cache.len() + q.tokens.len();
+            q.cache.ensure(&self.backend, end)?;
+        }
+        s.input.clear();
+        for q in seqs.iter() {
+            s.input.push_seq(q.tokens, q.cache.len());
+        }
+        let r = self
+            .backend
+            .load_step(&s.input, &mut s.step)
+            .and_then(|()| self.run(seqs, s));
+        match &r {
+            Ok(()) => {
+                for (q, res) in seqs.iter_mut().zip(&s.results) {
+                    match res {
+                        Ok(_) => q.cache.advance(q.tokens.len()),
+                        Err(_) => q.cache.abort(),
+                    }
+                }
+            }
+            Err(_) => seqs.iter_mut().for_each(|q| q.cache.abort()),
         }
         r
     }
 
-    /// [`Model::forward`] after its checks: every layer, the output, and
-    /// the K/V of layers other layers read, stored last.
-    fn run(
-        &self,
-        tokens: &[u32],
-        cache: &mut KvCache<B>,
-        s: &mut Scratch<B>,
-        output: Output,
-        out: &mut Vec<f32>,
-    ) -> Result<Option<u32>> {
+    /// [`Model::forward_batch`] after its checks: every layer, the K/V of
+    /// layers other layers read (stored last), then each sequence's output
+    /// into `s.results`.
+    fn run(&self, seqs: &mut [BatchSeq<'_, B>], s: &mut Scratch<B>) -> Result<()> {
         let b = &self.backend;
         let cfg = &self.config;
         let d = cfg.n_embd;
-        let n = tokens.len();
-        let p0 = cache.len();
-
-        b.embed(&self.token_embd, tokens, cfg.embed_scale, &mut s.x)?;
-        if self.dump_layer0 {
-            eprintln!("[kiln layer0] forward of {n} tokens at position {p0}");
-            self.tap("embed", &s.x, n * d)?;
-        }
-        if let Some(ple) = &self.ple {
-            self.per_layer_inputs(ple, tokens, s)?;
-        }
-        for (l, w) in cfg.layers.iter().zip(&self.layers) {
-            self.layer(l, w, n, p0, cache, s)?;
-        }
-
-        // Final norm only on the rows the output needs.
-        let (row0, rows) = match output {
-            Output::AllLogits | Output::AllHidden => (0, n),
-            Output::LogitsFrom(start) => (start, n - start),
-            _ => (n - 1, 1),
-        };
-        b.copy_strided(&s.x, row0 * d, 0, &mut s.h, 0, 0, 1, rows * d, 1.0, false)?;
-        b.rms_norm(&mut s.h, rows, d, Some(&self.output_norm), cfg.rms_eps)?;
+        let n = s.input.rows();
         let head = self.output.as_ref().unwrap_or(&self.token_embd);
-        let result = match output {
-            Output::Argmax => Some(b.argmax_head(head, &s.h).map_err(|e| match e {
-                ModelError::NonFiniteLogit { token, value, .. } => ModelError::NonFiniteLogit {
-                    pos: p0 + n - 1,
-                    token,
-                    value,
-                },
-                e => e,
-            })?),
-            Output::LastHidden | Output::AllHidden => {
-                out.resize(rows * d, 0.0);
-                b.download(&s.h, 0, out)?;
-                None
-            }
-            Output::LastLogits | Output::AllLogits | Output::LogitsFrom(_) => {
-                out.resize(rows * cfg.n_vocab, 0.0);
-                let softcap = cfg.final_softcap;
-                b.lm_head_to_host(head, &s.h, rows, softcap, &mut s.logits, out)?;
-                if let Some(i) = out.iter().position(|v| !v.is_finite()) {
-                    return Err(ModelError::NonFiniteLogit {
-                        pos: p0 + row0 + i / cfg.n_vocab,
-                        token: (i % cfg.n_vocab) as u32,
-                        value: out[i],
-                    });
-                }
-                None
-            }
-        };
-        // KV-shared layers have read their sources' batch rows by now.
-        for (il, (k, v)) in s.chunk_k.iter().zip(&s.chunk_v).enumerate() {
-            if let (Some(k), Some(v)) = (k, v) {
-                cache.store(b, il, n, k, v)?;
-            }
+
+        // Output rows, gathered into `s.h` in three groups: rows whose
+        // logits come to the host, then the argmax-head row (one sequence
+        // only: a batch takes its argmax from logits, so one sequence's
+        // bad logit fails only that sequence), then hidden rows.
+        let argmax_head = seqs.len() == 1 && seqs[0].output == Output::Argmax;
+        let mut plan = std::mem::take(&mut s.plan);
+        plan.clear();
+        let mut n_logits = 0;
+        for (q, sp) in seqs.iter().zip(&s.input.seqs) {
+            let (first, rows) = match q.output {
+                Output::AllLogits | Output::AllHidden => (0, sp.n_rows),
+                Output::LogitsFrom(start) => (start, sp.n_rows - start),
+                _ => (sp.n_rows - 1, 1),
+            };
+            let group = match q.output {
+                Output::Argmax if argmax_head => 1,
+                Output::LastHidden | Output::AllHidden => 2,
+                _ => 0,
+            };
+            n_logits += if group == 0 { rows } else { 0 };
+            plan.push(OutRows {
+                row: sp.row0 + first,
+                rows,
+                group,
+                dst: 0,
+            });
         }
-        Ok(result)
+        let mut at = [0, n_logits, n_logits + usize::from(argmax_head)];
+        for o in plan.iter_mut() {
+            o.dst = at[o.group];
+            at[o.group] += o.rows;
+        }
+        let n_out = at[2];
+
+        // Host work inside a step (debug taps, MoE routing) cannot be
+        // replayed.
+        let replayable = !self.dump_layer0 && cfg.layers.iter().all(|l| l.moe.is_none());
+        let key = if argmax_head && n == 1 && replayable {
+            let kv_end = s.input.seqs[0].p0 + 1;
+            Some(GraphKey {
+                rows: 1,
+                kv_bucket: kv_end.next_power_of_two(),
+                buffers: s.id.rotate_left(32) ^ seqs[0].cache.buffers_id(),
+            })
+        } else {
+            None
+        };
+        let mut body = || -> Result<()> {
+            b.embed(&self.token_embd, &s.step, n, cfg.embed_scale, &mut s.x)?;
+            if self.dump_layer0 {
+                eprintln!(
+                    "[kiln layer0] forward of {n} tokens at position {}",
+                    s.input.seqs[0].p0
+                );
+                self.tap("embed", &s.x, n * d)?;
+            }
+            if let Some(ple) = &self.ple {
+                self.per_layer_inputs(ple, n, s)?;
+            }
+            for (l, w) in cfg.layers.iter().zip(&self.layers) {
+                self.layer(l, w, seqs, s)?;
+            }
+            // KV-shared layers have read their sources' batch rows by now.
+            for (il, (k, v)) in s.chunk_k.iter().zip(&s.chunk_v).enumerate() {
+                if let (Some(k), Some(v)) = (k, v) {
+                    for (i, (q, sp)) in seqs.iter_mut().zip(&s.input.seqs).enumerate() {
+                        q.cache.store(b, il, sp.row0, sp.n_rows, k, v, i, &s.step)?;
+                    }
+                }
+            }
+            // Final norm only on the rows the outputs need.
+            for o in &plan {
+                b.copy_strided(
+                    &s.x,
+                    o.row * d,
+                    0,
+                    &mut s.h,
+                    o.dst * d,
+                    0,
+                    1,
+                    o.rows * d,
+                    1.0,
+                    false,
+                )?;
+            }
+            b.rms_norm(&mut s.h, n_out, d, Some(&self.output_norm), cfg.rms_eps)?;
+            if argmax_head {
+                b.argmax_head(head, &s.h, n_logits, &mut s.step)?;
+            }
+            Ok(())
+        };
+        let r = b.run_step(key, &mut body).map_err(|e| match e {
+            ModelError::NonFiniteLogit { token, value, .. } => ModelError::NonFiniteLogit {
+                pos: s.input.seqs[0].p0 + n - 1,
+                token,
+                value,
+            },
+            e => e,
+        });
+        let r = r.and_then(|()| self.outputs(seqs, s, &plan, n_logits));
+        s.plan = plan;
+        r
+    }
+
+    /// Each sequence's output of a step whose rows `plan` placed in `s.h`.
+    fn outputs(
+        &self,
+        seqs: &mut [BatchSeq<'_, B>],
+        s: &mut Scratch<B>,
+        plan: &[OutRows],
+        n_logits: usize,
+    ) -> Result<()> {
+        let b = &self.backend;
+        let cfg = &self.config;
+        let (d, v) = (cfg.n_embd, cfg.n_vocab);
+        let head = self.output.as_ref().unwrap_or(&self.token_embd);
+        // One sequence's logits go straight to its output vector; a batch's
+        // through one host buffer, split per sequence below.
+        let direct = seqs.len() == 1 && plan[0].group == 0;
+        if n_logits > 0 {
+            let host = if direct {
+                &mut *seqs[0].out
+            } else {
+                &mut s.logits_host
+            };
+            host.resize(n_logits * v, 0.0);
+            b.lm_head_to_host(head, &s.h, n_logits, cfg.final_softcap, &mut s.logits, host)?;
+        }
+        s.results.clear();
+        for (q, o) in seqs.iter_mut().zip(plan) {
+            let p_first = s.input.positions[o.row] as usize;
+            s.results.push(match o.group {
+                1 => {
+                    let mut id = [0u32];
+                    b.read_ids(&s.step, &mut id)?;
+                    if id[0] as usize >= v {
+                        Err(ModelError::NonFiniteLogit {
+                            pos: p_first,
+                            token: id[0],
+                            value: f32::NAN,
+                        })
+                    } else {
+                        Ok(Some(id[0]))
+                    }
+                }
+                2 => {
+                    q.out.resize(o.rows * d, 0.0);
+                    b.download(&s.h, o.dst * d, q.out).map(|()| None)
+                }
+                _ if direct => take_logits(q.output, q.out, p_first, v),
+                _ => {
+                    let mine = &s.logits_host[o.dst * v..(o.dst + o.rows) * v];
+                    let r = take_logits(q.output, mine, p_first, v);
+                    if r.is_ok() && q.output != Output::Argmax {
+                        q.out.clear();
+                        q.out.extend_from_slice(mine);
+                    }
+                    r
+                }
+            });
+        }
+        Ok(())
     }
 
     /// Prints [`TapStats`] of the first `len` values of `buf` (debug only).
@@ -513,18 +719,18 @@ impl<B: Backend> Model<B> {
     }
 
     /// Gemma 4 PLE: `ple = (rms(proj·x0 / sqrt(d)) + E_ple[tok]·sqrt(P)) / sqrt(2)`.
-    fn per_layer_inputs(
-        &self,
-        ple: &GlobalPle<B>,
-        tokens: &[u32],
-        s: &mut Scratch<B>,
-    ) -> Result<()> {
+    fn per_layer_inputs(&self, ple: &GlobalPle<B>, n: usize, s: &mut Scratch<B>) -> Result<()> {
         let b = &self.backend;
         let cfg = &self.config;
-        let n = tokens.len();
         let p = cfg.ple_dim;
         let w = cfg.n_layer * p;
-        b.embed(&ple.token_embd, tokens, (p as f32).sqrt(), &mut s.ple_tok)?;
+        b.embed(
+            &ple.token_embd,
+            &s.step,
+            n,
+            (p as f32).sqrt(),
+            &mut s.ple_tok,
+        )?;
         b.matmul(&ple.model_proj, 0, w, &s.x, n, &mut s.ple)?;
         b.scale(&mut s.ple, 1.0 / (cfg.n_embd as f32).sqrt(), n * w)?;
         b.rms_norm(
@@ -543,11 +749,10 @@ impl<B: Backend> Model<B> {
         &self,
         l: &LayerConfig,
         w: &LayerWeights<B>,
-        n: usize,
-        p0: usize,
-        cache: &mut KvCache<B>,
+        seqs: &mut [BatchSeq<'_, B>],
         s: &mut Scratch<B>,
     ) -> Result<()> {
+        let n = s.input.rows();
         let b = &self.backend;
         let cfg = &self.config;
         let d = cfg.n_embd;
@@ -565,7 +770,7 @@ impl<B: Backend> Model<B> {
         if let Some(qn) = &w.q_norm {
             b.rms_norm(&mut s.q_up, n * l.n_head, hd, Some(qn), eps)?;
         }
-        b.rope(&mut s.q_up, n, l.n_head, hd, p0, &l.rope)?;
+        b.rope(&mut s.q_up, n, l.n_head, hd, &s.step, &l.rope)?;
         if dump {
             self.tap("q_norm_rope", &s.q_up, n * l.q_dim())?;
         }
@@ -592,7 +797,7 @@ impl<B: Backend> Model<B> {
             if let Some(kn) = &w.k_norm {
                 b.rms_norm(ck, n * l.n_kv_head, hd, Some(kn), eps)?;
             }
-            b.rope(ck, n, l.n_kv_head, hd, p0, &l.rope)?;
+            b.rope(ck, n, l.n_kv_head, hd, &s.step, &l.rope)?;
             if dump {
                 self.tap("k_norm_rope", ck, n * l.kv_dim())?;
             }
@@ -603,19 +808,27 @@ impl<B: Backend> Model<B> {
             _ if src == il => (&s.layer_k, &s.layer_v),
             _ => return Err(ModelError::Backend(format!("layer {src}: no K/V scratch"))),
         };
-        let params = AttnParams {
-            n_tok: n,
-            p0,
-            n_head: l.n_head,
-            n_kv_head: l.n_kv_head,
-            head_dim: hd,
-            scale: l.attn_scale,
-            softcap: cfg.attn_softcap,
-            window: l.window,
-        };
-        b.attention(&s.q_up, ck, cv, cache.past(src), &params, &mut s.attn_gate)?;
-        if l.owns_kv() && !deferred {
-            cache.store(b, il, n, &s.layer_k, &s.layer_v)?;
+        // Attention per sequence, each over its own cache.
+        for (i, (q, sp)) in seqs.iter_mut().zip(&s.input.seqs).enumerate() {
+            let params = AttnParams {
+                n_tok: sp.n_rows,
+                p0: sp.p0,
+                row0: sp.row0,
+                seq: i,
+                n_head: l.n_head,
+                n_kv_head: l.n_kv_head,
+                head_dim: hd,
+                scale: l.attn_scale,
+                softcap: cfg.attn_softcap,
+                window: l.window,
+            };
+            let past = q.cache.past(src);
+            b.attention(&s.q_up, ck, cv, past, &params, &s.step, &mut s.attn_gate)?;
+            if l.owns_kv() && !deferred {
+                let (row0, rows) = (sp.row0, sp.n_rows);
+                q.cache
+                    .store(b, il, row0, rows, &s.layer_k, &s.layer_v, i, &s.step)?;
+            }
         }
         if dump {
             self.tap("attn_out", &s.attn_gate, n * l.q_dim())?;
@@ -832,6 +1045,16 @@ pub struct Scratch<B: Backend> {
     moe_up: B::Buf,
     moe_out: B::Buf,
     logits: Option<B::Buf>,
+    /// Logits of a step's output rows on the host, split per sequence.
+    logits_host: Vec<f32>,
+    /// The step's output rows per sequence, and each sequence's result.
+    plan: Vec<OutRows>,
+    results: Vec<Result<Option<u32>>>,
+    /// The step's inputs, host side and the backend's copy.
+    input: StepInput,
+    step: B::Step,
+    /// Identity of these buffers (see [`GraphKey::buffers`]).
+    id: u64,
 }
 
 impl<B: Backend> Scratch<B> {
@@ -893,6 +1116,12 @@ impl<B: Backend> Scratch<B> {
             moe_up: b.alloc(n * eff)?,
             moe_out: b.alloc(if ne > 0 { n * d } else { 0 })?,
             logits: None,
+            logits_host: Vec::new(),
+            plan: Vec::new(),
+            results: Vec::new(),
+            input: StepInput::default(),
+            step: b.new_step(n)?,
+            id: buffer_id(),
         })
     }
 
