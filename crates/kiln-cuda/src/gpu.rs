@@ -1,0 +1,336 @@
+//! The device: one context, one stream, a cuBLAS handle, and kernels
+//! compiled by NVRTC for this GPU on first use (cubin cached on disk).
+//!
+//! cudarc loads libcuda, libnvrtc and libcublas at run time and panics when
+//! one is missing, so every first touch of a library is probed or guarded
+//! here: no panic leaves this crate.
+
+use std::collections::HashMap;
+use std::ffi::{c_char, c_int, CString};
+use std::fmt::Display;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use cudarc::cublas::CudaBlas;
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits,
+};
+use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys, Ptx};
+use kiln_model::{ModelError, Result};
+use sha2::{Digest, Sha256};
+
+/// One CUDA C translation unit. NVRTC has no include path here, so `text`
+/// is the headers and the `.cu` file concatenated (`concat!` of
+/// `include_str!`s). `name` identifies it in the module cache: unique per
+/// source.
+pub(crate) struct Source {
+    pub name: &'static str,
+    pub text: &'static str,
+}
+
+/// A [`ModelError::Backend`] saying what failed and why.
+pub(crate) fn cuda_err(what: &str, e: impl Display) -> ModelError {
+    ModelError::Backend(format!("{what}: {e}"))
+}
+
+/// Runs `f`, turning a panic (cudarc's loader panics on a missing library
+/// or symbol) into an error about `what`.
+pub(crate) fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|p| {
+        let msg = p
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| p.downcast_ref::<&str>().copied())
+            .unwrap_or("panic");
+        Err(ModelError::Backend(format!("{what}: {msg}")))
+    })
+}
+
+/// Whether libcuda can be loaded.
+pub(crate) fn driver_present() -> bool {
+    // SAFETY: only tries to dlopen the library names cudarc would use.
+    unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+/// Whether libnvrtc can be loaded.
+pub(crate) fn nvrtc_present() -> bool {
+    // SAFETY: as in `driver_present`.
+    unsafe { nvrtc_sys::is_culib_present() }
+}
+
+/// Whether libcublas can be loaded.
+fn cublas_present() -> bool {
+    // SAFETY: as in `driver_present`.
+    unsafe { cudarc::cublas::sys::is_culib_present() }
+}
+
+/// GPUs the driver reports; an error when there is no driver or it fails
+/// to initialise.
+pub(crate) fn count_devices() -> Result<usize> {
+    if !driver_present() {
+        return Err(ModelError::Backend(
+            "no CUDA driver (libcuda.so not found)".into(),
+        ));
+    }
+    guarded("CUDA driver", || {
+        CudaContext::device_count()
+            .map(|n| n.max(0) as usize)
+            .map_err(|e| cuda_err("CUDA driver failed to initialise", e))
+    })
+}
+
+/// The context, stream and kernels of one GPU.
+pub(crate) struct Gpu {
+    pub ctx: Arc<CudaContext>,
+    pub stream: Arc<CudaStream>,
+    pub blas: CudaBlas,
+    /// NVRTC target, e.g. `sm_90`.
+    arch: String,
+    name: String,
+    modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
+    functions: Mutex<HashMap<(&'static str, String), CudaFunction>>,
+}
+
+impl Gpu {
+    /// Opens device `ordinal` (checked against the count by the caller).
+    pub(crate) fn new(ordinal: usize) -> Result<Gpu> {
+        if !nvrtc_present() {
+            return Err(ModelError::Backend(
+                "no NVRTC (libnvrtc.so not found): the CUDA kernels are compiled at run time"
+                    .into(),
+            ));
+        }
+        if !cublas_present() {
+            return Err(ModelError::Backend(
+                "no cuBLAS (libcublas.so not found)".into(),
+            ));
+        }
+        guarded("CUDA initialisation", || {
+            let ctx = CudaContext::new(ordinal)
+                .map_err(|e| cuda_err(&format!("opening CUDA device {ordinal}"), e))?;
+            // One stream orders everything, so cudarc's per-buffer events
+            // (a record and a wait around every launch, and host calls a
+            // graph capture cannot hold) are pure overhead.
+            // SAFETY: all work goes to the one stream created below.
+            unsafe { ctx.disable_event_tracking() };
+            let (major, minor) = ctx
+                .compute_capability()
+                .map_err(|e| cuda_err("reading the compute capability", e))?;
+            let name = ctx
+                .name()
+                .map_err(|e| cuda_err("reading the device name", e))?;
+            let stream = ctx
+                .new_stream()
+                .map_err(|e| cuda_err("creating a CUDA stream", e))?;
+            let blas = CudaBlas::new(stream.clone()).map_err(|e| cuda_err("creating cuBLAS", e))?;
+            // Pure f32 SGEMM (no TF32): logits must stay within 1e-3 of
+            // the exact reference.
+            // SAFETY: the handle is live; the mode is a valid enum value.
+            unsafe {
+                cudarc::cublas::sys::cublasSetMathMode(
+                    *blas.handle(),
+                    cudarc::cublas::sys::cublasMath_t::CUBLAS_PEDANTIC_MATH,
+                )
+            }
+            .result()
+            .map_err(|e| cuda_err("setting cuBLAS to pure f32 math", e))?;
+            Ok(Gpu {
+                ctx,
+                stream,
+                blas,
+                arch: format!("sm_{major}{minor}"),
+                name,
+                modules: Mutex::default(),
+                functions: Mutex::default(),
+            })
+        })
+    }
+
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// `len` zeroed values on the device; out of memory is an error that
+    /// says what did not fit and how much was free.
+    pub(crate) fn alloc<T: DeviceRepr + ValidAsZeroBits>(
+        &self,
+        len: usize,
+        what: &str,
+    ) -> Result<CudaSlice<T>> {
+        self.stream.alloc_zeros::<T>(len).map_err(|e| {
+            let bytes = len * std::mem::size_of::<T>();
+            let free = match self.ctx.mem_get_info() {
+                Ok((free, total)) => format!("{} MiB of {} MiB free", free >> 20, total >> 20),
+                Err(_) => "free memory unknown".into(),
+            };
+            cuda_err(
+                &format!(
+                    "allocating {what} ({bytes} bytes) on {} ({free})",
+                    self.name
+                ),
+                e,
+            )
+        })
+    }
+
+    /// The kernel `name` of `src`, compiling and loading the source on
+    /// first use.
+    pub(crate) fn function(&self, src: &Source, name: &str) -> Result<CudaFunction> {
+        let mut functions = self.functions.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(f) = functions.get(&(src.name, name.to_string())) {
+            return Ok(f.clone());
+        }
+        let module = self.module(src)?;
+        let f = module
+            .load_function(name)
+            .map_err(|e| cuda_err(&format!("kernel {name} of {}.cu", src.name), e))?;
+        functions.insert((src.name, name.to_string()), f.clone());
+        Ok(f)
+    }
+
+    fn module(&self, src: &Source) -> Result<Arc<CudaModule>> {
+        let mut modules = self.modules.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(m) = modules.get(src.name) {
+            return Ok(m.clone());
+        }
+        let cached = cache_path(src, &self.arch)?;
+        let loaded = std::fs::read(&cached)
+            .ok()
+            .and_then(|cubin| self.ctx.load_module(Ptx::from_binary(cubin)).ok());
+        let module = match loaded {
+            Some(m) => m,
+            None => {
+                let cubin = compile(src, &self.arch)?;
+                let m = self
+                    .ctx
+                    .load_module(Ptx::from_binary(cubin.clone()))
+                    .map_err(|e| {
+                        cuda_err(&format!("loading {}.cu for {}", src.name, self.arch), e)
+                    })?;
+                store_cache(&cached, &cubin);
+                m
+            }
+        };
+        modules.insert(src.name, module.clone());
+        Ok(module)
+    }
+}
+
+/// NVRTC options besides the architecture. Precise division and square
+/// root (the defaults) keep the ops within rounding of the CPU's.
+const NVRTC_OPTIONS: [&str; 2] = ["-std=c++17", "--fmad=true"];
+
+/// NVRTC's `(major, minor)` version.
+fn nvrtc_version() -> Result<(i32, i32)> {
+    let (mut major, mut minor): (c_int, c_int) = (0, 0);
+    // SAFETY: two valid out-pointers.
+    unsafe { nvrtc_sys::nvrtcVersion(&mut major, &mut minor) }
+        .result()
+        .map_err(|e| cuda_err("reading the NVRTC version", e))?;
+    Ok((major, minor))
+}
+
+/// `$KILN_CACHE_DIR/cuda` (default `~/.cache/kiln/cuda`).
+fn cache_dir() -> PathBuf {
+    let base = match std::env::var_os("KILN_CACHE_DIR") {
+        Some(d) => PathBuf::from(d),
+        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/tmp".into()))
+            .join(".cache/kiln"),
+    };
+    base.join("cuda")
+}
+
+/// Where the cubin of `src` for `arch` is cached: named by a hash of the
+/// source, the target, the options and the compiler version.
+fn cache_path(src: &Source, arch: &str) -> Result<PathBuf> {
+    let (major, minor) = nvrtc_version()?;
+    let mut h = Sha256::new();
+    h.update(src.text.as_bytes());
+    h.update(format!("\0{arch}\0{NVRTC_OPTIONS:?}\0nvrtc {major}.{minor}").as_bytes());
+    let hex: String = h.finalize()[..12]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    Ok(cache_dir().join(format!("{}-{arch}-{hex}.cubin", src.name)))
+}
+
+/// Writes a compiled cubin to the cache. A failure only costs a compile
+/// next time, so it is not an error (a read-only home is common on
+/// GPU machines).
+fn store_cache(path: &PathBuf, cubin: &[u8]) {
+    let Some(dir) = path.parent() else { return };
+    if std::fs::create_dir_all(dir).is_err() {
+        return;
+    }
+    // Rename into place so a concurrent reader never sees half a file.
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    if std::fs::write(&tmp, cubin).is_ok() && std::fs::rename(&tmp, path).is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+}
+
+/// Compiles `src` for `arch` (`sm_90`: a cubin; `compute_90`: PTX) and
+/// returns the image. Errors carry NVRTC's log.
+pub(crate) fn compile(src: &Source, arch: &str) -> Result<Vec<u8>> {
+    if !nvrtc_present() {
+        return Err(ModelError::Backend(
+            "no NVRTC (libnvrtc.so not found)".into(),
+        ));
+    }
+    guarded(&format!("NVRTC on {}.cu", src.name), || {
+        compile_unguarded(src, arch)
+    })
+}
+
+fn compile_unguarded(src: &Source, arch: &str) -> Result<Vec<u8>> {
+    let what = format!("compiling {}.cu for {arch}", src.name);
+    let text = CString::new(src.text).map_err(|e| cuda_err(&what, e))?;
+    let file = CString::new(format!("{}.cu", src.name)).map_err(|e| cuda_err(&what, e))?;
+    let prog = nvrtc::create_program(&text, Some(&file)).map_err(|e| cuda_err(&what, e))?;
+    let mut options = vec![format!("--gpu-architecture={arch}")];
+    options.extend(NVRTC_OPTIONS.iter().map(|s| s.to_string()));
+    // SAFETY: `prog` is live until destroyed at the end of this block.
+    let out = unsafe {
+        let compiled = nvrtc::compile_program(prog, &options);
+        let out = match compiled {
+            Ok(()) => image(prog, arch.starts_with("sm_")).map_err(|e| cuda_err(&what, e)),
+            Err(e) => {
+                let log = nvrtc::get_program_log(prog)
+                    .map(|l| c_chars_to_string(&l))
+                    .unwrap_or_default();
+                Err(cuda_err(&what, format!("{e}\n{log}")))
+            }
+        };
+        let _ = nvrtc::destroy_program(prog);
+        out
+    };
+    out
+}
+
+/// The compiled cubin (or PTX) of `prog`.
+///
+/// # Safety
+/// `prog` must be a live, compiled program.
+unsafe fn image(
+    prog: nvrtc_sys::nvrtcProgram,
+    cubin: bool,
+) -> std::result::Result<Vec<u8>, nvrtc::NvrtcError> {
+    if !cubin {
+        return nvrtc::get_ptx(prog).map(|p| p.iter().map(|&c| c as u8).collect());
+    }
+    let mut size = 0usize;
+    nvrtc_sys::nvrtcGetCUBINSize(prog, &mut size).result()?;
+    let mut bytes = vec![0u8; size];
+    nvrtc_sys::nvrtcGetCUBIN(prog, bytes.as_mut_ptr() as *mut c_char).result()?;
+    Ok(bytes)
+}
+
+fn c_chars_to_string(s: &[c_char]) -> String {
+    let bytes: Vec<u8> = s
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
