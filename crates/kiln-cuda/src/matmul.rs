@@ -1,0 +1,476 @@
+//! Products with packed weights (kernels/matmul.cu): the decode GEMV, the
+//! skinny multi-token GEMM, prefill through dequantized chunks and cuBLAS
+//! SGEMM, the embedding gather and the greedy LM head (argmax without
+//! logits).
+//!
+//! `matmul.cu` is compiled once per weight type met (NVRTC, on first use:
+//! a model needs two or three of the thirteen), each time with
+//! `KILN_WEIGHT` naming the decoder of `quant.cuh`. Every launch here only
+//! enqueues device work on the one stream, so all of it may be captured
+//! into a CUDA graph; the two buffers (argmax partials, dequant workspace)
+//! are allocated before any capture and never reallocated, so a captured
+//! graph never points at freed memory.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use cudarc::cublas::sys::cublasOperation_t;
+use cudarc::cublas::{Gemm, GemmConfig};
+use cudarc::driver::sys::CUstreamCaptureStatus;
+use cudarc::driver::{CudaFunction, CudaSlice, CudaView, DevicePtr, LaunchConfig, PushKernelArg};
+use kiln_model::{ModelError, Result};
+use kiln_quant::GgmlType;
+
+use crate::gpu::{cuda_err, Gpu, Source};
+use crate::weight::CudaWeight;
+
+/// One [`Source`] per weight type: `matmul.cu` after `quant.cuh`, with
+/// `KILN_WEIGHT` set to the type's decoder (also the kernels' name suffix).
+macro_rules! sources {
+    ($($ty:ident => $name:literal),* $(,)?) => {
+        [$((
+            GgmlType::$ty,
+            $name,
+            Source {
+                name: concat!("matmul_", $name),
+                text: concat!(
+                    "#define KILN_WEIGHT ", $name, "\n",
+                    include_str!("../kernels/quant.cuh"),
+                    include_str!("../kernels/matmul.cu"),
+                ),
+            },
+        )),*]
+    };
+}
+
+static SOURCES: [(GgmlType, &str, Source); 13] = sources!(
+    F32 => "f32",
+    F16 => "f16",
+    BF16 => "bf16",
+    Q4_0 => "q4_0",
+    Q4_1 => "q4_1",
+    Q5_0 => "q5_0",
+    Q5_1 => "q5_1",
+    Q8_0 => "q8_0",
+    Q2K => "q2_k",
+    Q3K => "q3_k",
+    Q4K => "q4_k",
+    Q5K => "q5_k",
+    Q6K => "q6_k",
+);
+
+/// Threads of every kernel but `argmax_finish` (`WARPS * 32` in matmul.cu).
+const BLOCK: u32 = 128;
+const WARPS: usize = 4;
+/// Threads of `argmax_finish` (`ARGMAX_FINISH_THREADS`).
+const FINISH_BLOCK: u32 = 256;
+
+/// The `(tokens, rows per warp)` instantiations of `matvec` (`KILN_MATVEC`
+/// in matmul.cu). Several rows per warp reuse each x load from registers;
+/// one row per warp gives short matrices more warps to spread over.
+const MATVEC_SHAPES: [(usize, usize); 5] = [(1, 1), (1, 2), (2, 2), (4, 4), (8, 4)];
+/// Most token rows of the `matvec` path; more go through SGEMM.
+pub(crate) const MATVEC_MAX_TOKENS: usize = 8;
+/// From this many rows a 1-token GEMV takes 2 rows per warp: 2048 warps
+/// still fill an H200 (132 SMs x 16 resident warps of 128-thread CTAs).
+const TWO_ROWS_FROM: usize = 4096;
+
+/// CTAs of `argmax_rows`, and so the size of the partials buffer: enough
+/// to fill every SM; larger vocabularies are covered by striding.
+const ARGMAX_PARTIALS: usize = 2048;
+/// f32 values of the dequant workspace (32 MiB): prefill dequantizes the
+/// weight in chunks of rows that fit, so the 262,144-row LM head needs 32
+/// MiB rather than its full 671 MB.
+const WORKSPACE_FLOATS: usize = 8 << 20;
+
+/// The kernels of one weight type.
+struct TypeKernels {
+    /// In [`MATVEC_SHAPES`] order.
+    matvec: Vec<CudaFunction>,
+    dequant_rows: CudaFunction,
+    embed: CudaFunction,
+    argmax_rows: CudaFunction,
+    argmax_finish: CudaFunction,
+}
+
+/// The packed-weight ops of [`crate::CudaBackend`].
+pub(crate) struct Matmul {
+    kernels: Mutex<HashMap<GgmlType, Arc<TypeKernels>>>,
+    /// One orderable (dot, row) key per `argmax_rows` CTA.
+    partials: CudaSlice<u64>,
+    /// Dequantized weight rows for SGEMM; allocated on the first prefill
+    /// (never during a graph capture), then kept.
+    workspace: Mutex<Option<CudaSlice<f32>>>,
+}
+
+/// A [`ModelError::Backend`] about a buffer too short for an op.
+fn check_len(what: &str, name: &str, need: usize, have: usize) -> Result<()> {
+    if need > have {
+        return Err(ModelError::Backend(format!(
+            "{what} {name}: needs {need} elements, buffer has {have}"
+        )));
+    }
+    Ok(())
+}
+
+/// `blocks.0 x blocks.1` CTAs of `threads` (callers keep the counts small:
+/// grids are sized from i32-checked shapes).
+fn grid(blocks: (usize, usize), threads: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (blocks.0 as u32, blocks.1 as u32, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// `v` as a kernel's `int`, or an error naming it.
+fn as_i32(what: &str, v: usize) -> Result<i32> {
+    i32::try_from(v)
+        .map_err(|_| ModelError::Backend(format!("{what} = {v} exceeds the kernels' 2^31 limit")))
+}
+
+impl Matmul {
+    pub(crate) fn new(gpu: &Gpu) -> Result<Self> {
+        Ok(Matmul {
+            kernels: Mutex::default(),
+            partials: gpu.alloc::<u64>(ARGMAX_PARTIALS, "argmax partials")?,
+            workspace: Mutex::new(None),
+        })
+    }
+
+    /// `out[t, r] = Σ_c x[t, c] · W[row0 + r, c]` for `t < n_tok`,
+    /// `r < n_rows` (out row stride `n_rows`).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn matmul(
+        &self,
+        gpu: &Gpu,
+        w: &CudaWeight,
+        row0: usize,
+        n_rows: usize,
+        x: &CudaSlice<f32>,
+        n_tok: usize,
+        out: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        let k = self.kernels_for(gpu, w)?;
+        if row0.checked_add(n_rows).is_none_or(|end| end > w.rows) {
+            return Err(ModelError::Backend(format!(
+                "{}: rows {row0}..{} out of {}",
+                w.name,
+                row0.saturating_add(n_rows),
+                w.rows
+            )));
+        }
+        check_len("matmul input of", &w.name, n_tok * w.cols, x.len())?;
+        check_len("matmul output of", &w.name, n_tok * n_rows, out.len())?;
+        if n_tok == 0 || n_rows == 0 {
+            return Ok(());
+        }
+        if n_tok > MATVEC_MAX_TOKENS {
+            return self.matmul_sgemm(gpu, &k, w, row0, n_rows, x, n_tok, out);
+        }
+        let shape = match n_tok {
+            1 if n_rows < TWO_ROWS_FROM => 0,
+            1 => 1,
+            2 => 2,
+            3 | 4 => 3,
+            _ => 4,
+        };
+        let rows_per_cta = WARPS * MATVEC_SHAPES[shape].1;
+        let cfg = grid((n_rows.div_ceil(rows_per_cta), 1), BLOCK);
+        let (row_bytes, row0, n_rows) = (
+            w.row_bytes as u64,
+            as_i32("row0", row0)?,
+            as_i32("rows", n_rows)?,
+        );
+        let (cols, n_tok) = (as_i32("cols", w.cols)?, n_tok as i32);
+        let f = &k.matvec[shape];
+        let mut b = gpu.stream.launch_builder(f);
+        b.arg(&w.data)
+            .arg(&row_bytes)
+            .arg(&row0)
+            .arg(&n_rows)
+            .arg(&cols);
+        b.arg(x).arg(&n_tok).arg(out);
+        // SAFETY: matvec_* reads rows row0..row0+n_rows of `w.data` (checked
+        // against w.rows, whose bytes `upload` checked), n_tok * cols values
+        // of x and writes n_tok * n_rows of out (both checked above).
+        unsafe { b.launch(cfg) }.map_err(|e| cuda_err(&format!("matvec on {}", w.name), e))?;
+        Ok(())
+    }
+
+    /// Prefill: dequantize chunks of rows into the workspace, then
+    /// `out[:, chunk] = x · chunkᵀ` by cuBLAS SGEMM (pure f32: `Gpu::new`
+    /// sets the pedantic math mode, so no TF32).
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_sgemm(
+        &self,
+        gpu: &Gpu,
+        k: &TypeKernels,
+        w: &CudaWeight,
+        row0: usize,
+        n_rows: usize,
+        x: &CudaSlice<f32>,
+        n_tok: usize,
+        out: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        let mut guard = self.workspace.lock().unwrap_or_else(|e| e.into_inner());
+        let ws = match guard.as_mut() {
+            Some(ws) => ws,
+            None => {
+                if capturing(gpu)? {
+                    return Err(ModelError::Backend(
+                        "the dequant workspace must be allocated before a graph capture (run the step once first)"
+                            .into(),
+                    ));
+                }
+                guard.insert(gpu.alloc::<f32>(WORKSPACE_FLOATS, "dequant workspace")?)
+            }
+        };
+        let chunk = (WORKSPACE_FLOATS / w.cols).min(n_rows);
+        if chunk == 0 {
+            return Err(ModelError::Backend(format!(
+                "{}: rows of {} values exceed the dequant workspace ({WORKSPACE_FLOATS})",
+                w.name, w.cols
+            )));
+        }
+        let (row_bytes, cols) = (w.row_bytes as u64, as_i32("cols", w.cols)?);
+        let (n_tok_i, ldc) = (as_i32("tokens", n_tok)?, as_i32("rows", n_rows)?);
+        for r in (0..n_rows).step_by(chunk) {
+            let m = chunk.min(n_rows - r);
+            let (first, m_i) = (as_i32("row", row0 + r)?, m as i32);
+            let cfg = grid(((m * w.cols / 8).div_ceil(BLOCK as usize), 1), BLOCK);
+            let mut b = gpu.stream.launch_builder(&k.dequant_rows);
+            b.arg(&w.data)
+                .arg(&row_bytes)
+                .arg(&first)
+                .arg(&m_i)
+                .arg(&cols)
+                .arg(&mut *ws);
+            // SAFETY: reads rows row0+r .. row0+r+m of the weight (checked
+            // by the caller) and writes m * cols <= WORKSPACE_FLOATS values.
+            unsafe { b.launch(cfg) }
+                .map_err(|e| cuda_err(&format!("dequant_rows on {}", w.name), e))?;
+            // Column-major view: C (n_rows x n_tok, ldc n_rows) = Aᵀ B with
+            // A the chunk (cols x m, lda cols) and B = x (cols x n_tok).
+            let cfg = GemmConfig {
+                transa: cublasOperation_t::CUBLAS_OP_T,
+                transb: cublasOperation_t::CUBLAS_OP_N,
+                m: m_i,
+                n: n_tok_i,
+                k: cols,
+                alpha: 1.0f32,
+                lda: cols,
+                ldb: cols,
+                beta: 0.0f32,
+                ldc,
+            };
+            let a = ws.slice(0..m * w.cols);
+            let mut c = out.slice_mut(r..);
+            // SAFETY: A holds m * cols values, B n_tok * cols (checked by
+            // the caller), C is written at r + i + t * n_rows < n_tok *
+            // n_rows for i < m, t < n_tok.
+            unsafe { gpu.blas.gemm(cfg, &a, x, &mut c) }
+                .map_err(|e| cuda_err(&format!("SGEMM on {}", w.name), e))?;
+        }
+        Ok(())
+    }
+
+    /// `out[t] = dequant(W[tokens[t]]) * scale` for `t < n_tok`; ids are
+    /// read on the device (an id past the table gives NaN rows: `load_step`
+    /// rejects those ids on the host).
+    pub(crate) fn embed(
+        &self,
+        gpu: &Gpu,
+        table: &CudaWeight,
+        tokens: &CudaView<'_, u32>,
+        n_tok: usize,
+        scale: f32,
+        out: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        let k = self.kernels_for(gpu, table)?;
+        check_len("embed ids of", &table.name, n_tok, tokens.len())?;
+        check_len(
+            "embed output of",
+            &table.name,
+            n_tok * table.cols,
+            out.len(),
+        )?;
+        if n_tok == 0 {
+            return Ok(());
+        }
+        let units = table.cols / 8;
+        let cfg = grid((units.div_ceil(BLOCK as usize), n_tok.min(65_535)), BLOCK);
+        let (row_bytes, rows) = (table.row_bytes as u64, as_i32("rows", table.rows)?);
+        let (cols, n_tok) = (as_i32("cols", table.cols)?, as_i32("tokens", n_tok)?);
+        let mut b = gpu.stream.launch_builder(&k.embed);
+        b.arg(&table.data).arg(&row_bytes).arg(&rows).arg(&cols);
+        b.arg(tokens).arg(&n_tok).arg(&scale).arg(out);
+        // SAFETY: reads n_tok ids (checked), only rows below `rows`, and
+        // writes n_tok * cols values of out (checked).
+        unsafe { b.launch(cfg) }.map_err(|e| cuda_err(&format!("embed on {}", table.name), e))?;
+        Ok(())
+    }
+
+    /// `ids[slot] = argmax_r dot(W[r], h[row])`: ties go to the lowest r,
+    /// and any non-finite dot gives `u32::MAX` (the host reports it).
+    /// Nothing is copied to the host and nothing allocated.
+    pub(crate) fn argmax(
+        &self,
+        gpu: &Gpu,
+        w: &CudaWeight,
+        h: &CudaSlice<f32>,
+        row: usize,
+        ids: &mut CudaSlice<u32>,
+        slot: usize,
+    ) -> Result<()> {
+        let k = self.kernels_for(gpu, w)?;
+        check_len("argmax input of", &w.name, (row + 1) * w.cols, h.len())?;
+        check_len("argmax id of", &w.name, slot + 1, ids.len())?;
+        if w.rows == 0 || w.rows >= u32::MAX as usize {
+            return Err(ModelError::Backend(format!(
+                "argmax over {}: {} rows (1 to 2^32 - 2)",
+                w.name, w.rows
+            )));
+        }
+        let ctas = w.rows.div_ceil(WARPS * 2).min(ARGMAX_PARTIALS);
+        let cfg = grid((ctas, 1), BLOCK);
+        let (row_bytes, rows, cols) = (
+            w.row_bytes as u64,
+            as_i32("rows", w.rows)?,
+            as_i32("cols", w.cols)?,
+        );
+        let x = h.slice(row * w.cols..(row + 1) * w.cols);
+        let mut b = gpu.stream.launch_builder(&k.argmax_rows);
+        b.arg(&w.data)
+            .arg(&row_bytes)
+            .arg(&rows)
+            .arg(&cols)
+            .arg(&x)
+            .arg(&self.partials);
+        // SAFETY: reads every row of the weight and one x row (checked);
+        // writes `ctas` <= ARGMAX_PARTIALS partials.
+        unsafe { b.launch(cfg) }.map_err(|e| cuda_err(&format!("argmax on {}", w.name), e))?;
+        let cfg = grid((1, 1), FINISH_BLOCK);
+        let (n, slot) = (ctas as i32, as_i32("slot", slot)?);
+        let mut b = gpu.stream.launch_builder(&k.argmax_finish);
+        b.arg(&self.partials).arg(&n).arg(ids).arg(&slot);
+        // SAFETY: reads the n partials just written, writes ids[slot]
+        // (checked).
+        unsafe { b.launch(cfg) }.map_err(|e| cuda_err(&format!("argmax on {}", w.name), e))?;
+        Ok(())
+    }
+
+    /// The kernels for `w`'s type (compiled on first use), after checking
+    /// that `w` is laid out as they assume.
+    fn kernels_for(&self, gpu: &Gpu, w: &CudaWeight) -> Result<Arc<TypeKernels>> {
+        check_layout(gpu, w)?;
+        let mut map = self.kernels.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(k) = map.get(&w.ty) {
+            return Ok(k.clone());
+        }
+        let (_, suffix, src) = SOURCES.iter().find(|(ty, ..)| *ty == w.ty).ok_or_else(|| {
+            ModelError::Backend(format!("{}: no CUDA kernels for type {}", w.name, w.ty))
+        })?;
+        let get = |op: &str| gpu.function(src, &format!("{op}_{suffix}"));
+        let matvec = MATVEC_SHAPES
+            .iter()
+            .map(|(nt, r)| gpu.function(src, &format!("matvec_{suffix}_t{nt}r{r}")))
+            .collect::<Result<Vec<_>>>();
+        let k = Arc::new(TypeKernels {
+            matvec: matvec?,
+            dequant_rows: get("dequant_rows")?,
+            embed: get("embed")?,
+            argmax_rows: get("argmax_rows")?,
+            argmax_finish: get("argmax_finish")?,
+        });
+        map.insert(w.ty, k.clone());
+        Ok(k)
+    }
+}
+
+/// What the kernels assume of a weight: rows of whole 8-value units, the
+/// GGUF row size, every byte present, and a 16-byte aligned base (the
+/// per-type loads in quant.cuh rely on it).
+fn check_layout(gpu: &Gpu, w: &CudaWeight) -> Result<()> {
+    let bad = |reason: String| ModelError::BadTensor {
+        name: w.name.clone(),
+        reason,
+    };
+    if !w.cols.is_multiple_of(8) || !w.cols.is_multiple_of(w.ty.block_elems()) {
+        return Err(bad(format!(
+            "row length {} is not a multiple of 8 (the CUDA kernels' unit) and of the {} block",
+            w.cols, w.ty
+        )));
+    }
+    if w.row_bytes != w.cols / w.ty.block_elems() * w.ty.block_bytes() {
+        return Err(bad(format!(
+            "row size {} bytes does not match {} {} values",
+            w.row_bytes, w.cols, w.ty
+        )));
+    }
+    if w.rows
+        .checked_mul(w.row_bytes)
+        .is_none_or(|n| n > w.data.len())
+    {
+        return Err(bad(format!(
+            "{} bytes on the device for {} rows of {} bytes",
+            w.data.len(),
+            w.rows,
+            w.row_bytes
+        )));
+    }
+    let (ptr, _sync) = w.data.device_ptr(&gpu.stream);
+    if ptr % 16 != 0 {
+        return Err(bad(format!(
+            "device address {ptr:#x} is not 16-byte aligned"
+        )));
+    }
+    Ok(())
+}
+
+/// Whether the stream is being captured into a graph (no allocation then).
+fn capturing(gpu: &Gpu) -> Result<bool> {
+    let status = gpu
+        .stream
+        .capture_status()
+        .map_err(|e| cuda_err("reading the stream's capture status", e))?;
+    Ok(status != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every type's instantiations compile for compute_90 (PTX: no GPU
+    /// needed), so a kernel compile error shows up on any machine with
+    /// NVRTC (`LD_LIBRARY_PATH=/opt/nvrtc/nvidia/cu13/lib` here).
+    #[test]
+    fn every_type_compiles_for_compute_90() {
+        if !crate::gpu::nvrtc_present() {
+            println!("skipped: no NVRTC (libnvrtc.so not found)");
+            return;
+        }
+        for (ty, suffix, src) in &SOURCES {
+            let ptx =
+                crate::gpu::compile(src, "compute_90").unwrap_or_else(|e| panic!("{ty}: {e}"));
+            let ptx = String::from_utf8_lossy(&ptx);
+            for (nt, r) in MATVEC_SHAPES {
+                let name = format!("matvec_{suffix}_t{nt}r{r}");
+                assert!(ptx.contains(&format!(".entry {name}(")), "{ty}: no {name}");
+            }
+            for op in ["dequant_rows", "embed", "argmax_rows", "argmax_finish"] {
+                assert!(
+                    ptx.contains(&format!(".entry {op}_{suffix}(")),
+                    "{ty}: no {op}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn sources_cover_the_uploadable_types() {
+        for ty in crate::weight::SUPPORTED {
+            assert!(SOURCES.iter().any(|(t, ..)| *t == ty), "{ty}");
+        }
+    }
+}
