@@ -8,6 +8,7 @@
 #![allow(dead_code)]
 
 mod gpu;
+mod matmul;
 mod weight;
 
 use std::sync::Arc;
