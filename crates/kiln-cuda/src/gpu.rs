@@ -10,11 +10,13 @@ use std::ffi::{c_char, c_int, CString};
 use std::fmt::Display;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits,
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DeviceRepr,
+    LaunchArgs, LaunchConfig, ValidAsZeroBits,
 };
 use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys, Ptx};
 use kiln_model::{ModelError, Result};
@@ -90,6 +92,30 @@ pub(crate) struct Gpu {
     name: String,
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
     functions: Mutex<HashMap<(&'static str, String), CudaFunction>>,
+    /// A graph capture is in progress on `stream`: no allocation, no host
+    /// copy, no sync may happen (see [`Gpu::check_not_capturing`]).
+    capturing: AtomicBool,
+    /// Bumped whenever a backend-internal workspace is reallocated:
+    /// captured graphs hold its old address, so they are dropped.
+    workspace_generation: AtomicU64,
+    pub(crate) counters: Counters,
+}
+
+/// Work the backend enqueued, counted for the graph-replay test and the
+/// launches-per-token figure.
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub kernel_launches: AtomicU64,
+    pub graph_launches: AtomicU64,
+    pub graph_captures: AtomicU64,
+    pub host_to_device: AtomicU64,
+    pub device_to_host: AtomicU64,
+}
+
+impl Counters {
+    pub(crate) fn bump(c: &AtomicU64) {
+        c.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 impl Gpu {
@@ -143,12 +169,117 @@ impl Gpu {
                 name,
                 modules: Mutex::default(),
                 functions: Mutex::default(),
+                capturing: AtomicBool::new(false),
+                workspace_generation: AtomicU64::new(0),
+                counters: Counters::default(),
             })
         })
     }
 
     pub(crate) fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Enqueues `args` (a `stream.launch_builder` with its arguments) with
+    /// `cfg`, counting it; a failure names `what`.
+    ///
+    /// # Safety
+    /// The arguments must match the kernel's parameters, and every buffer
+    /// it touches must hold what `cfg`'s threads index.
+    pub(crate) unsafe fn launch(
+        &self,
+        args: &mut LaunchArgs<'_>,
+        cfg: LaunchConfig,
+        what: &str,
+    ) -> Result<()> {
+        Counters::bump(&self.counters.kernel_launches);
+        args.launch(cfg)
+            .map(|_| ())
+            .map_err(|e| cuda_err(&format!("launching {what}"), e))
+    }
+
+    /// Device address of element `offset` of `s`, as a kernel argument.
+    pub(crate) fn ptr<T>(&self, s: &CudaSlice<T>, offset: usize) -> u64 {
+        // Event tracking is off (see `Gpu::new`): the guard does nothing.
+        let (p, _guard) = s.device_ptr(&self.stream);
+        p + (offset * std::mem::size_of::<T>()) as u64
+    }
+
+    /// Copies `src` to the start of `dst` (enqueued; `src` may be reused
+    /// at once).
+    pub(crate) fn upload<T: DeviceRepr>(
+        &self,
+        src: &[T],
+        dst: &mut CudaSlice<T>,
+        what: &str,
+    ) -> Result<()> {
+        self.check_not_capturing(&format!("copying {what} to the device"))?;
+        if src.len() > dst.len() {
+            return Err(ModelError::Backend(format!(
+                "copying {what}: {} values into a buffer of {}",
+                src.len(),
+                dst.len()
+            )));
+        }
+        if src.is_empty() {
+            return Ok(());
+        }
+        Counters::bump(&self.counters.host_to_device);
+        self.stream
+            .memcpy_htod(src, &mut dst.slice_mut(..src.len()))
+            .map_err(|e| cuda_err(&format!("copying {what} to the device"), e))
+    }
+
+    /// Copies `out.len()` values of `src` from `offset` to the host, after
+    /// everything enqueued before (a kernel's failure surfaces here).
+    pub(crate) fn download<T: DeviceRepr>(
+        &self,
+        src: &CudaSlice<T>,
+        offset: usize,
+        out: &mut [T],
+        what: &str,
+    ) -> Result<()> {
+        self.check_not_capturing(&format!("copying {what} to the host"))?;
+        if offset + out.len() > src.len() {
+            return Err(ModelError::Backend(format!(
+                "copying {what}: values {offset}..{} of a buffer of {}",
+                offset + out.len(),
+                src.len()
+            )));
+        }
+        if out.is_empty() {
+            return Ok(());
+        }
+        Counters::bump(&self.counters.device_to_host);
+        self.stream
+            .memcpy_dtoh(&src.slice(offset..offset + out.len()), out)
+            .and_then(|()| self.stream.synchronize())
+            .map_err(|e| cuda_err(&format!("copying {what} to the host"), e))
+    }
+
+    pub(crate) fn set_capturing(&self, on: bool) {
+        self.capturing.store(on, Ordering::SeqCst);
+    }
+
+    /// An error if a graph capture is in progress: `what` (an allocation,
+    /// a host copy) cannot be part of a graph.
+    pub(crate) fn check_not_capturing(&self, what: &str) -> Result<()> {
+        if self.capturing.load(Ordering::SeqCst) {
+            return Err(ModelError::Backend(format!(
+                "{what} inside a captured step (only device work may be captured)"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Call after reallocating a backend-internal workspace (never while
+    /// capturing): graphs captured with the old one are dropped.
+    pub(crate) fn workspace_reallocated(&self) {
+        self.workspace_generation.fetch_add(1, Ordering::SeqCst);
+    }
+
+    pub(crate) fn workspace_generation(&self) -> u64 {
+        self.workspace_generation.load(Ordering::SeqCst)
     }
 
     /// `len` zeroed values on the device; out of memory is an error that
@@ -158,6 +289,7 @@ impl Gpu {
         len: usize,
         what: &str,
     ) -> Result<CudaSlice<T>> {
+        self.check_not_capturing(&format!("allocating {what}"))?;
         self.stream.alloc_zeros::<T>(len).map_err(|e| {
             let bytes = len * std::mem::size_of::<T>();
             let free = match self.ctx.mem_get_info() {

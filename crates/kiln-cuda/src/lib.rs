@@ -3,20 +3,43 @@
 //! first use; a step whose shape repeats is captured once as a CUDA graph
 //! and replayed. The CUDA libraries are loaded at run time, so this crate
 //! builds and its tests run (skipping) on machines without CUDA.
+//!
+//! ```no_run
+//! use kiln_model::Backend;
+//! if kiln_cuda::device_count() > 0 {
+//!     let cuda = kiln_cuda::CudaBackend::new(0).expect("GPU 0 opens");
+//!     println!("{} on {}", cuda.name(), cuda.device_name());
+//! }
+//! ```
+//!
+//! Files: `gpu.rs` (context, stream, NVRTC and its cache), `weight.rs`
+//! (packed upload), `step.rs` (per-step device inputs), `graph.rs`
+//! (capture/replay), `ops.rs` + `kernels/elementwise.cu`, `attention.rs` +
+//! `kernels/attention.cu`, `matmul.rs` + `kernels/{quant.cuh,matmul.cu}`.
 
-// Until `impl Backend` (next commit) uses the device plumbing.
-#![allow(dead_code)]
-
+mod attention;
 mod gpu;
+mod graph;
 mod matmul;
+mod ops;
+mod step;
 mod weight;
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaView};
-use kiln_model::{ModelError, Result, StepInput};
+use cudarc::driver::CudaSlice;
+use kiln_gguf::Gguf;
+use kiln_model::{
+    AttnParams, Backend, GraphKey, KvDst, ModelError, PastKv, Result, RopeConfig, StepInput,
+};
 
+use crate::attention::{Attention, AttnBufs};
 use crate::gpu::Gpu;
+use crate::graph::Graphs;
+use crate::matmul::Matmul;
+use crate::ops::{check, Ops};
+pub use crate::step::CudaStep;
 pub use crate::weight::CudaWeight;
 
 /// GPUs present: 0 without a driver (never panics).
@@ -28,23 +51,55 @@ pub fn device_count() -> usize {
 /// device 0 exists. For "skipped" lines and `--device auto` messages.
 pub fn unavailable_reason() -> Option<String> {
     match gpu::count_devices() {
-        Ok(0) => Some("no CUDA device (the driver reports 0)".into()),
+        Ok(0) => Some("the CUDA driver reports no device".into()),
         Ok(_) => None,
-        Err(e) => Some(backend_message(e)),
+        Err(ModelError::Backend(m)) => Some(m),
+        Err(e) => Some(e.to_string()),
     }
 }
 
-/// The text of a backend error, without the "backend: " prefix.
-fn backend_message(e: ModelError) -> String {
-    match e {
-        ModelError::Backend(m) => m,
-        e => e.to_string(),
-    }
+/// Compiles every kernel source for `arch` (e.g. `compute_90`) with NVRTC,
+/// without a GPU; returns each source's name and image size. For tests.
+#[doc(hidden)]
+pub fn compile_kernel_sources(arch: &str) -> Result<Vec<(&'static str, usize)>> {
+    // NOTE(cuda-core): add matmul.rs's per-type sources here once it
+    // exposes them (e.g. `pub(crate) fn sources() -> impl Iterator<Item =
+    // &'static Source>`); its statics are private to that module.
+    let sources = [&ops::ELEMENTWISE, &attention::ATTENTION];
+    sources
+        .into_iter()
+        .map(|s| gpu::compile(s, arch).map(|img| (s.name, img.len())))
+        .collect()
+}
+
+/// Whether NVRTC can be loaded (the kernels are compiled at run time).
+#[doc(hidden)]
+pub fn nvrtc_present() -> bool {
+    gpu::nvrtc_present()
+}
+
+/// Work a backend has enqueued since it was made.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CudaStats {
+    /// Kernels launched one by one (not counting those inside graphs).
+    pub kernel_launches: u64,
+    pub graph_launches: u64,
+    pub graph_captures: u64,
+    /// Host→device copies (step inputs, uploads).
+    pub host_to_device: u64,
+    /// Device→host copies (ids, logits, downloads).
+    pub device_to_host: u64,
+    /// Captured graphs held now.
+    pub graphs_held: usize,
 }
 
 /// The CUDA backend on one GPU.
 pub struct CudaBackend {
     gpu: Arc<Gpu>,
+    ops: Ops,
+    attention: Attention,
+    matmul: Matmul,
+    graphs: Graphs,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -57,8 +112,9 @@ impl std::fmt::Debug for CudaBackend {
 }
 
 impl CudaBackend {
-    /// Opens GPU `ordinal`. Errors (never panics) when there is no driver,
-    /// no such device, or NVRTC/cuBLAS are missing.
+    /// Opens GPU `ordinal` and compiles (or loads from the cache) its
+    /// kernels. Errors, never panics, when there is no driver, no such
+    /// device, NVRTC/cuBLAS are missing or a kernel fails to compile.
     pub fn new(ordinal: usize) -> Result<CudaBackend> {
         let n = gpu::count_devices()?;
         if ordinal >= n {
@@ -66,8 +122,13 @@ impl CudaBackend {
                 "CUDA device {ordinal} not found ({n} present)"
             )));
         }
+        let gpu = Arc::new(Gpu::new(ordinal)?);
         Ok(CudaBackend {
-            gpu: Arc::new(Gpu::new(ordinal)?),
+            ops: Ops::new(&gpu)?,
+            attention: Attention::new(&gpu)?,
+            matmul: Matmul::new(&gpu)?,
+            graphs: Graphs::default(),
+            gpu,
         })
     }
 
@@ -83,6 +144,43 @@ impl CudaBackend {
             .mem_get_info()
             .map_err(|e| gpu::cuda_err("reading device memory", e))
     }
+
+    /// Counts of enqueued work (see [`CudaStats`]).
+    pub fn stats(&self) -> CudaStats {
+        let c = &self.gpu.counters;
+        let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        CudaStats {
+            kernel_launches: get(&c.kernel_launches),
+            graph_launches: get(&c.graph_launches),
+            graph_captures: get(&c.graph_captures),
+            host_to_device: get(&c.host_to_device),
+            device_to_host: get(&c.device_to_host),
+            graphs_held: self.graphs.captured(),
+        }
+    }
+
+    /// Waits for all enqueued work (for timing).
+    pub fn synchronize(&self) -> Result<()> {
+        self.gpu
+            .stream
+            .synchronize()
+            .map_err(|e| gpu::cuda_err("synchronizing the stream", e))
+    }
+
+    /// The step's sequence `seq`, checked against what the host passed.
+    fn seq_of(step: &CudaStep, seq: usize, p0: usize) -> Result<()> {
+        match step.host.seqs.get(seq) {
+            Some(s) if s.p0 == p0 => Ok(()),
+            Some(s) => Err(ModelError::Backend(format!(
+                "sequence {seq} of the step is at position {}, the op was given {p0}",
+                s.p0
+            ))),
+            None => Err(ModelError::Backend(format!(
+                "sequence {seq} is not in the step ({} sequences)",
+                step.host.seqs.len()
+            ))),
+        }
+    }
 }
 
 /// A device buffer of f32 activations (`data.len()` values).
@@ -90,34 +188,260 @@ pub struct CudaBuf {
     pub(crate) data: CudaSlice<f32>,
 }
 
-/// A step's inputs on the device, written by one host→device copy per
-/// step ([`kiln_model::Backend::load_step`]), and the ids argmax writes.
-///
-/// `inputs` holds `[tokens; max_rows] [positions; max_rows] [seq p0;
-/// max_rows]`: kernels read them through [`CudaStep::tokens`] etc., so a
-/// captured graph replays with new values.
-pub struct CudaStep {
-    pub(crate) inputs: CudaSlice<u32>,
-    pub(crate) ids: CudaSlice<u32>,
-    pub(crate) host: StepInput,
-    pub(crate) max_rows: usize,
-    /// Host staging of `inputs` (reused).
-    pub(crate) staging: Vec<u32>,
-}
+impl Backend for CudaBackend {
+    type Buf = CudaBuf;
+    type Step = CudaStep;
+    type Weight = CudaWeight;
 
-impl CudaStep {
-    /// Token id of every row.
-    pub(crate) fn tokens(&self) -> CudaView<'_, u32> {
-        self.inputs.slice(0..self.max_rows)
+    fn name(&self) -> &str {
+        "cuda"
     }
 
-    /// Position of every row.
-    pub(crate) fn positions(&self) -> CudaView<'_, u32> {
-        self.inputs.slice(self.max_rows..2 * self.max_rows)
+    fn load_weight(&self, gguf: &Arc<Gguf>, name: &str) -> Result<CudaWeight> {
+        weight::upload(&self.gpu, gguf, name)
     }
 
-    /// Cached positions (`p0`) of every sequence.
-    pub(crate) fn seq_p0(&self) -> CudaView<'_, u32> {
-        self.inputs.slice(2 * self.max_rows..3 * self.max_rows)
+    fn weight_shape(&self, w: &CudaWeight) -> (usize, usize) {
+        (w.cols, w.rows)
+    }
+
+    fn alloc(&self, len: usize) -> Result<CudaBuf> {
+        Ok(CudaBuf {
+            data: self.gpu.alloc(len, "activations")?,
+        })
+    }
+
+    fn upload(&self, data: &[f32]) -> Result<CudaBuf> {
+        let mut b = self.alloc(data.len())?;
+        self.gpu.upload(data, &mut b.data, "a vector")?;
+        Ok(b)
+    }
+
+    fn buf_len(&self, b: &CudaBuf) -> usize {
+        b.data.len()
+    }
+
+    fn download(&self, b: &CudaBuf, offset: usize, out: &mut [f32]) -> Result<()> {
+        self.gpu.download(&b.data, offset, out, "activations")
+    }
+
+    fn new_step(&self, max_rows: usize) -> Result<CudaStep> {
+        CudaStep::new(&self.gpu, max_rows)
+    }
+
+    fn load_step(&self, input: &StepInput, step: &mut CudaStep) -> Result<()> {
+        step.load(&self.gpu, input)
+    }
+
+    fn read_ids(&self, step: &CudaStep, out: &mut [u32]) -> Result<()> {
+        step.read_ids(&self.gpu, out)
+    }
+
+    fn embed(
+        &self,
+        table: &CudaWeight,
+        step: &CudaStep,
+        n_tok: usize,
+        scale: f32,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        check("embed ids", n_tok, step.host.rows())?;
+        if let Some(&id) = step.host.tokens[..n_tok]
+            .iter()
+            .find(|&&id| id as usize >= table.rows)
+        {
+            return Err(ModelError::Invalid(format!(
+                "token {id} out of range for {} ({} rows)",
+                table.name, table.rows
+            )));
+        }
+        let tokens = step.tokens();
+        self.matmul
+            .embed(&self.gpu, table, &tokens, n_tok, scale, &mut out.data)
+    }
+
+    fn matmul(
+        &self,
+        w: &CudaWeight,
+        row0: usize,
+        n_rows: usize,
+        x: &CudaBuf,
+        n_tok: usize,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        self.matmul
+            .matmul(&self.gpu, w, row0, n_rows, &x.data, n_tok, &mut out.data)
+    }
+
+    fn rms_norm(
+        &self,
+        x: &mut CudaBuf,
+        n_groups: usize,
+        dim: usize,
+        w: Option<&CudaBuf>,
+        eps: f32,
+    ) -> Result<()> {
+        self.ops.rms_norm(
+            &self.gpu,
+            &mut x.data,
+            n_groups,
+            dim,
+            w.map(|w| &w.data),
+            eps,
+        )
+    }
+
+    fn rope(
+        &self,
+        x: &mut CudaBuf,
+        n_tok: usize,
+        n_heads: usize,
+        head_dim: usize,
+        step: &CudaStep,
+        rope: &RopeConfig,
+    ) -> Result<()> {
+        check("rope positions", n_tok, step.host.rows())?;
+        let positions = step.positions_ptr(&self.gpu);
+        self.ops.rope(
+            &self.gpu,
+            &mut x.data,
+            n_tok,
+            n_heads,
+            head_dim,
+            positions,
+            rope,
+        )
+    }
+
+    fn attention(
+        &self,
+        q: &CudaBuf,
+        cur_k: &CudaBuf,
+        cur_v: &CudaBuf,
+        past: Option<PastKv<'_, Self>>,
+        p: &AttnParams,
+        step: &CudaStep,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        Self::seq_of(step, p.seq, p.p0)?;
+        let past = match past {
+            // The kernels find the oldest cached position from p0 and the
+            // ring's rows, as the cache lays them out.
+            Some(pk) if pk.start != p.p0.saturating_sub(pk.rows) => {
+                return Err(ModelError::Backend(format!(
+                    "attention: cache of {} rows starting at {} cannot hold positions before {}",
+                    pk.rows, pk.start, p.p0
+                )))
+            }
+            Some(pk) => Some((&pk.k.data, &pk.v.data, pk.rows)),
+            None => None,
+        };
+        let bufs = AttnBufs {
+            q: &q.data,
+            cur_k: &cur_k.data,
+            cur_v: &cur_v.data,
+            past,
+            out: &mut out.data,
+            seq_p0: step.seq_p0_ptr(&self.gpu),
+        };
+        self.attention.run(&self.gpu, bufs, p)
+    }
+
+    fn store_kv(
+        &self,
+        k: &CudaBuf,
+        v: &CudaBuf,
+        src_row0: usize,
+        dst: KvDst<'_, Self>,
+        n: usize,
+        p0: usize,
+        seq: usize,
+        step: &CudaStep,
+    ) -> Result<()> {
+        Self::seq_of(step, seq, p0)?;
+        if !dst.ring && p0 + n > dst.rows {
+            return Err(ModelError::Backend(format!(
+                "store_kv: {} cache rows cannot take positions up to {}",
+                dst.rows,
+                p0 + n
+            )));
+        }
+        if dst.ring && dst.rows == 0 && n > 0 {
+            return Err(ModelError::Backend("store_kv: a ring of 0 rows".into()));
+        }
+        self.ops.store_kv(
+            &self.gpu,
+            &k.data,
+            &v.data,
+            src_row0,
+            &mut dst.k.data,
+            &mut dst.v.data,
+            dst.rows,
+            dst.row_len,
+            dst.ring,
+            n,
+            step.seq_p0_ptr(&self.gpu),
+            seq,
+        )
+    }
+
+    fn gelu_mul(&self, gate: &mut CudaBuf, up: &CudaBuf, n: usize) -> Result<()> {
+        self.ops.gelu_mul(&self.gpu, &mut gate.data, &up.data, n)
+    }
+
+    fn add(&self, x: &mut CudaBuf, y: &CudaBuf, n: usize) -> Result<()> {
+        self.ops.add(&self.gpu, &mut x.data, &y.data, n)
+    }
+
+    fn scale(&self, x: &mut CudaBuf, s: f32, n: usize) -> Result<()> {
+        self.ops.scale(&self.gpu, &mut x.data, s, n)
+    }
+
+    fn copy_strided(
+        &self,
+        src: &CudaBuf,
+        src_off: usize,
+        src_stride: usize,
+        dst: &mut CudaBuf,
+        dst_off: usize,
+        dst_stride: usize,
+        rows: usize,
+        len: usize,
+        alpha: f32,
+        accumulate: bool,
+    ) -> Result<()> {
+        self.ops.copy_strided(
+            &self.gpu,
+            &src.data,
+            src_off,
+            src_stride,
+            &mut dst.data,
+            dst_off,
+            dst_stride,
+            rows,
+            len,
+            alpha,
+            accumulate,
+        )
+    }
+
+    fn softcap(&self, x: &mut CudaBuf, c: f32, n: usize) -> Result<()> {
+        self.ops.softcap(&self.gpu, &mut x.data, c, n)
+    }
+
+    fn argmax_head(
+        &self,
+        w: &CudaWeight,
+        h: &CudaBuf,
+        row: usize,
+        step: &mut CudaStep,
+    ) -> Result<()> {
+        check("argmax_head id", row + 1, step.max_rows)?;
+        self.matmul
+            .argmax(&self.gpu, w, &h.data, row, &mut step.ids, row)
+    }
+
+    fn run_step(&self, key: Option<GraphKey>, f: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        self.graphs.run(&self.gpu, key, f)
     }
 }

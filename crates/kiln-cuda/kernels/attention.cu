@@ -1,0 +1,305 @@
+// Causal attention of one sequence over its cached and current K/V, f32
+// throughout, online softmax (flash style): no score matrix in memory.
+//
+// Layouts (floats): q and out [rows, n_head * HD] from the sequence's first
+// row; cur_k/cur_v [rows, n_kv_head * HD] likewise (positions p0..);
+// past_k/past_v [past_rows, n_kv_head * HD], position pos in row
+// pos % past_rows, holding positions max(0, p0 - past_rows)..p0. p0 is read
+// from the step on the device (seq_p0[seq]), so a captured graph replays
+// at new positions. Query t is at position p0 + t and sees keys
+// lo..=p0 + t (lo: the window, and what the cache still holds).
+//
+// A warp owns R query rows (heads of one KV group, or tokens × heads); lane
+// l holds elements l*E..l*E+E of each row's q and output (HD = 32 E).
+// Keys are folded 8 at a time: each lane dots its slice of 8 key rows
+// (coalesced loads), one reduce-scatter (9 shuffles per row) leaves the
+// 8 scores spread over the lanes, then max, exp and the V rows' update.
+//
+// Decode (one query token): split-K. Every warp takes `chunk` keys of the
+// visible range and writes a partial (max, sum, unnormalised output);
+// attn_merge combines them. Prefill: every warp folds all keys its rows
+// see, then normalises in place.
+
+#define TILE 8
+
+struct AttnArgs {
+    const float* q;
+    const float* cur_k;
+    const float* cur_v;
+    const float* past_k; // null when past_rows == 0
+    const float* past_v;
+    float* out;      // prefill output
+    float* part_acc; // decode partials [n_head][n_splits][HD]
+    float* part_ml;  // decode partials [n_head][n_splits][2]: max, sum
+    const u32* seq_p0;
+    u32 seq;
+    u32 n_tok;
+    u32 n_head;
+    u32 n_kv_head;
+    u32 past_rows; // 0: no past
+    u32 window;    // 0: none
+    u32 chunk;     // decode: keys per split
+    float scale;
+    float softcap; // 0: none
+    u32 pad_;
+};
+
+template <int E>
+__device__ __forceinline__ void load_slice(const float* p, float (&v)[E]) {
+    if (E % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < E / 4; ++i) {
+            const float4 t = reinterpret_cast<const float4*>(p)[i];
+            v[4 * i] = t.x; v[4 * i + 1] = t.y; v[4 * i + 2] = t.z; v[4 * i + 3] = t.w;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < E; ++i) v[i] = p[i];
+    }
+}
+
+// Row of key position kp: the cache ring before p0, the current rows after.
+__device__ __forceinline__ const float* kv_row(const float* past, const float* cur, u32 past_rows,
+                                               u32 p0, u32 kp, u32 kvd) {
+    return kp < p0 ? past + (u64)(kp % past_rows) * kvd : cur + (u64)(kp - p0) * kvd;
+}
+
+// First key a query at `pos` sees.
+__device__ __forceinline__ u32 first_key(const AttnArgs& a, u32 p0, u32 pos) {
+    const u32 held = a.past_rows == 0 ? p0 : (p0 > a.past_rows ? p0 - a.past_rows : 0);
+    const u32 win = (a.window != 0 && pos + 1 > a.window) ? pos + 1 - a.window : 0;
+    return held > win ? held : win;
+}
+
+// v[0..8] summed over the warp; afterwards lane l holds key (l >> 2) & 7.
+__device__ __forceinline__ float reduce_scatter8(float (&v)[TILE], u32 lane) {
+    float w[4], x[2];
+    const bool b4 = lane & 16, b3 = lane & 8, b2 = lane & 4;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const float keep = b4 ? v[i + 4] : v[i], send = b4 ? v[i] : v[i + 4];
+        w[i] = keep + __shfl_xor_sync(FULL_MASK, send, 16);
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const float keep = b3 ? w[i + 2] : w[i], send = b3 ? w[i] : w[i + 2];
+        x[i] = keep + __shfl_xor_sync(FULL_MASK, send, 8);
+    }
+    float y = (b2 ? x[1] : x[0]) + __shfl_xor_sync(FULL_MASK, b2 ? x[0] : x[1], 4);
+    y += __shfl_xor_sync(FULL_MASK, y, 2);
+    y += __shfl_xor_sync(FULL_MASK, y, 1);
+    return y;
+}
+
+// Over the 8 keys of a tile (lanes differing in bits 2..4).
+__device__ __forceinline__ float tile_max(float v) {
+    v = nan_max(v, __shfl_xor_sync(FULL_MASK, v, 4));
+    v = nan_max(v, __shfl_xor_sync(FULL_MASK, v, 8));
+    return nan_max(v, __shfl_xor_sync(FULL_MASK, v, 16));
+}
+
+__device__ __forceinline__ float tile_sum(float v) {
+    v += __shfl_xor_sync(FULL_MASK, v, 4);
+    v += __shfl_xor_sync(FULL_MASK, v, 8);
+    return v + __shfl_xor_sync(FULL_MASK, v, 16);
+}
+
+// Online-softmax state of a warp's R query rows. Row r sees keys
+// lo[r]..=hi[r]; a padding row has lo > hi.
+template <int E, int R>
+struct Rows {
+    float q[R][E];
+    float acc[R][E];
+    float m[R], l[R];
+    u32 lo[R], hi[R];
+};
+
+// Folds key positions k0..min(k0 + 8, kend) into the rows' state. `off` is
+// the lane's offset into a K/V row (kv head and lane slice).
+template <int E, int R>
+__device__ __forceinline__ void fold_tile(Rows<E, R>& s, const AttnArgs& a, u32 p0, u32 k0, u32 kend,
+                                          u32 off, u32 kvd, u32 lane) {
+    float part[R][TILE];
+#pragma unroll
+    for (int j = 0; j < TILE; ++j) {
+        const u32 kp = k0 + j;
+        float k[E];
+        if (kp < kend) {
+            load_slice<E>(kv_row(a.past_k, a.cur_k, a.past_rows, p0, kp, kvd) + off, k);
+        } else {
+#pragma unroll
+            for (int e = 0; e < E; ++e) k[e] = 0.0f;
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            float d = 0.0f;
+#pragma unroll
+            for (int e = 0; e < E; ++e) d += s.q[r][e] * k[e];
+            part[r][j] = d;
+        }
+    }
+    const u32 kp = k0 + ((lane >> 2) & 7); // this lane's key after the scatter
+    float p[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        float sc = reduce_scatter8(part[r], lane) * a.scale;
+        if (a.softcap != 0.0f) sc = softcap(sc, a.softcap);
+        const bool vis = kp < kend && kp >= s.lo[r] && kp <= s.hi[r];
+        sc = vis ? sc : -INFINITY;
+        const float mx = nan_max(s.m[r], tile_max(sc));
+        if (mx == -INFINITY) { // nothing visible to this row yet
+            p[r] = 0.0f;
+            continue;
+        }
+        // exp(-inf) = 0 clears the empty initial state.
+        const float corr = expf(s.m[r] - mx);
+        p[r] = vis ? expf(sc - mx) : 0.0f;
+        s.l[r] = s.l[r] * corr + tile_sum(p[r]);
+        s.m[r] = mx;
+#pragma unroll
+        for (int e = 0; e < E; ++e) s.acc[r][e] *= corr;
+    }
+#pragma unroll
+    for (int j = 0; j < TILE; ++j) {
+        const u32 kpj = k0 + j;
+        if (kpj >= kend) break; // warp-uniform
+        float v[E];
+        load_slice<E>(kv_row(a.past_v, a.cur_v, a.past_rows, p0, kpj, kvd) + off, v);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const float pj = __shfl_sync(FULL_MASK, p[r], j * 4);
+#pragma unroll
+            for (int e = 0; e < E; ++e) s.acc[r][e] += pj * v[e];
+        }
+    }
+}
+
+template <int E, int R>
+__device__ __forceinline__ void init_rows(Rows<E, R>& s) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        s.m[r] = -INFINITY;
+        s.l[r] = 0.0f;
+        s.lo[r] = 1;
+        s.hi[r] = 0;
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+            s.q[r][e] = 0.0f;
+            s.acc[r][e] = 0.0f;
+        }
+    }
+}
+
+// Decode: grid (split blocks, n_kv_head, row groups of R heads), each warp
+// one split of `chunk` keys; partials for attn_merge.
+template <int E, int R>
+__device__ void attn_decode(const AttnArgs& a) {
+    const u32 lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+    const u32 n_splits = gridDim.x * (blockDim.x / WARP);
+    const u32 split = blockIdx.x * (blockDim.x / WARP) + warp;
+    const u32 kvh = blockIdx.y, g = a.n_head / a.n_kv_head;
+    const u32 hd = E * WARP, kvd = a.n_kv_head * hd;
+    const u32 p0 = a.seq_p0[a.seq], pos = p0;
+    const u32 lo = first_key(a, p0, pos);
+    const u32 k_begin = lo + split * a.chunk;
+    const u32 k_end = min(k_begin + a.chunk, pos + 1);
+    Rows<E, R> s;
+    init_rows(s);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const u32 hg = blockIdx.z * R + r;
+        if (hg < g) {
+            load_slice<E>(a.q + (kvh * g + hg) * hd + lane * E, s.q[r]);
+            s.lo[r] = lo;
+            s.hi[r] = pos;
+        }
+    }
+    for (u32 k0 = k_begin; k0 < k_end; k0 += TILE) {
+        fold_tile(s, a, p0, k0, k_end, kvh * hd + lane * E, kvd, lane);
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const u32 hg = blockIdx.z * R + r;
+        if (hg >= g) continue;
+        const u64 at = (u64)(kvh * g + hg) * n_splits + split;
+        float* acc = a.part_acc + at * hd + lane * E;
+#pragma unroll
+        for (int e = 0; e < E; ++e) acc[e] = s.acc[r][e];
+        if (lane == 0) {
+            a.part_ml[2 * at] = s.m[r];
+            a.part_ml[2 * at + 1] = s.l[r];
+        }
+    }
+}
+
+// Prefill: grid (row blocks, n_kv_head); warp w of block b owns rows
+// (b * warps + w) * R + r of the (token, head-in-group) list, t * g + h.
+template <int E, int R>
+__device__ void attn_prefill(const AttnArgs& a) {
+    const u32 lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+    const u32 kvh = blockIdx.y, g = a.n_head / a.n_kv_head;
+    const u32 hd = E * WARP, kvd = a.n_kv_head * hd, qd = a.n_head * hd;
+    const u32 p0 = a.seq_p0[a.seq];
+    const u32 row0 = (blockIdx.x * (blockDim.x / WARP) + warp) * R;
+    Rows<E, R> s;
+    init_rows(s);
+    u32 klo = 0xffffffffu, khi = 0;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const u32 i = row0 + r, t = i / g, h = kvh * g + i % g;
+        if (t < a.n_tok) {
+            load_slice<E>(a.q + (u64)t * qd + h * hd + lane * E, s.q[r]);
+            s.lo[r] = first_key(a, p0, p0 + t);
+            s.hi[r] = p0 + t;
+            klo = min(klo, s.lo[r]);
+            khi = max(khi, s.hi[r]);
+        }
+    }
+    if (klo > khi) return; // padding warp
+    for (u32 k0 = klo; k0 <= khi; k0 += TILE) {
+        fold_tile(s, a, p0, k0, khi + 1, kvh * hd + lane * E, kvd, lane);
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const u32 i = row0 + r, t = i / g, h = kvh * g + i % g;
+        if (t >= a.n_tok) continue;
+        const float inv = 1.0f / s.l[r];
+        float* o = a.out + (u64)t * qd + h * hd + lane * E;
+#pragma unroll
+        for (int e = 0; e < E; ++e) o[e] = s.acc[r][e] * inv;
+    }
+}
+
+#define DECODE(E, R) \
+    extern "C" __global__ void attn_decode_e##E##_r##R(const AttnArgs a) { attn_decode<E, R>(a); }
+#define PREFILL(E, R) \
+    extern "C" __global__ void attn_prefill_e##E##_r##R(const AttnArgs a) { attn_prefill<E, R>(a); }
+#define FAMILY(E) DECODE(E, 1) DECODE(E, 2) DECODE(E, 4) PREFILL(E, 4)
+FAMILY(1)
+FAMILY(2)
+FAMILY(4)
+FAMILY(8)
+FAMILY(16)
+DECODE(1, 8)
+DECODE(2, 8)
+DECODE(4, 8)
+DECODE(8, 8)
+
+// out[h * hd + d] for one query token: the splits' partials combined,
+// sum_s exp(m_s - M) acc_s / sum_s exp(m_s - M) l_s. Grid n_head, block hd.
+extern "C" __global__ void attn_merge(const float* part_acc, const float* part_ml, float* out,
+                                      u32 n_splits, u32 hd) {
+    const u32 h = blockIdx.x, d = threadIdx.x;
+    const float* ml = part_ml + (u64)h * n_splits * 2;
+    float mx = -INFINITY;
+    for (u32 s = 0; s < n_splits; ++s) mx = nan_max(mx, ml[2 * s]);
+    float l = 0.0f, o = 0.0f;
+    for (u32 s = 0; s < n_splits; ++s) {
+        const float m = ml[2 * s];
+        if (m == -INFINITY) continue; // an empty split
+        const float w = expf(m - mx);
+        l += w * ml[2 * s + 1];
+        o += w * part_acc[((u64)h * n_splits + s) * hd + d];
+    }
+    out[(u64)h * hd + d] = o * (1.0f / l);
+}

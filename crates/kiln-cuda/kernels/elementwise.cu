@@ -1,0 +1,124 @@
+// Elementwise and per-row ops on f32 activations: RMS norm, add, scale,
+// GELU-gate, softcap, strided copy, NEOX RoPE and the KV-cache store.
+// Each mirrors the CPU backend's op (crates/kiln-cpu/src/lib.rs) in
+// arithmetic order. Positions and cached lengths are read from the step's
+// device buffers, so a captured graph replays with new ones.
+
+// --- RMS norm ---------------------------------------------------------------
+// x[g] = x[g] / sqrt(mean(x[g]^2) + eps) * w   for each group g of `dim`
+// values. The sum of squares is f64, as on the CPU (residual rows reach
+// |x| ~ 1e4). WARP_PER_GROUP: one warp per group (small groups: per-head
+// q/k norms); otherwise one block per group.
+template <bool WARP_PER_GROUP>
+__device__ void rms_norm_impl(float* x, const float* w, u32 n_groups, u32 dim, float eps) {
+    __shared__ double scratch[32];
+    u32 g, lane, step;
+    if (WARP_PER_GROUP) {
+        g = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
+        lane = threadIdx.x % WARP;
+        step = WARP;
+        if (g >= n_groups) return;
+    } else {
+        g = blockIdx.x;
+        lane = threadIdx.x;
+        step = blockDim.x;
+    }
+    float* row = x + (u64)g * dim;
+    double ss = 0.0;
+    for (u32 i = lane; i < dim; i += step) ss += (double)row[i] * (double)row[i];
+    ss = WARP_PER_GROUP ? warp_sum_f64(ss) : block_sum(ss, scratch);
+    const float inv = (float)(1.0 / sqrt(ss / (double)dim + (double)eps));
+    for (u32 i = lane; i < dim; i += step) {
+        row[i] = w ? row[i] * inv * w[i] : row[i] * inv;
+    }
+}
+
+extern "C" __global__ void rms_norm_warp(float* x, const float* w, u32 n_groups, u32 dim, float eps) {
+    rms_norm_impl<true>(x, w, n_groups, dim, eps);
+}
+
+extern "C" __global__ void rms_norm_block(float* x, const float* w, u32 n_groups, u32 dim, float eps) {
+    rms_norm_impl<false>(x, w, n_groups, dim, eps);
+}
+
+// --- pointwise --------------------------------------------------------------
+#define GRID_STRIDE(i, n) for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (u64)gridDim.x * blockDim.x)
+
+// x[i] += y[i]
+extern "C" __global__ void add(float* x, const float* y, u64 n) {
+    GRID_STRIDE(i, n) x[i] += y[i];
+}
+
+// x[i] *= s
+extern "C" __global__ void scale(float* x, float s, u64 n) {
+    GRID_STRIDE(i, n) x[i] *= s;
+}
+
+// gate[i] = gelu_tanh(gate[i]) * up[i]
+extern "C" __global__ void gelu_mul(float* gate, const float* up, u64 n) {
+    GRID_STRIDE(i, n) gate[i] = gelu_tanh(gate[i]) * up[i];
+}
+
+// x[i] = c * tanh(x[i] / c)
+extern "C" __global__ void softcap_inplace(float* x, float c, u64 n) {
+    GRID_STRIDE(i, n) x[i] = softcap(x[i], c);
+}
+
+// dst[dst_off + r*dst_stride + i] (+)= alpha * src[src_off + r*src_stride + i]
+// for r < rows, i < len. alpha == 1 copies exactly (no multiply), as the CPU.
+extern "C" __global__ void copy_strided(const float* src, u64 src_off, u64 src_stride, float* dst,
+                                        u64 dst_off, u64 dst_stride, u64 rows, u64 len,
+                                        float alpha, u32 accumulate) {
+    GRID_STRIDE(i, rows * len) {
+        const u64 r = i / len, c = i % len;
+        const float s = src[src_off + r * src_stride + c];
+        float* d = dst + dst_off + r * dst_stride + c;
+        if (accumulate) *d += alpha * s;
+        else *d = alpha == 1.0f ? s : alpha * s;
+    }
+}
+
+// --- RoPE (NEOX) ------------------------------------------------------------
+// x [n_tok, n_heads, head_dim], row t at positions[t]: for each pair i <
+// half, (x[i], x[i + half]) rotated by positions[t] * inv_freq[i]. The
+// angle and its sine/cosine are f64 (angles reach 1e5 radians), rounded to
+// f32 for the rotation, as on the CPU. One block per token; `inv_freq`
+// (f64, `half` values) comes from the host, computed as the CPU does.
+extern "C" __global__ void rope_neox(float* x, const u32* positions, const double* inv_freq,
+                                     u32 n_heads, u32 head_dim, u32 half) {
+    const u32 t = blockIdx.x;
+    const double p = (double)positions[t];
+    float* row = x + (u64)t * n_heads * head_dim;
+    for (u32 i = threadIdx.x; i < half; i += blockDim.x) {
+        double s, c;
+        sincos(p * inv_freq[i], &s, &c);
+        const float cf = (float)c, sf = (float)s;
+        for (u32 h = 0; h < n_heads; ++h) {
+            float* v = row + h * head_dim;
+            const float a = v[i], b = v[i + half];
+            v[i] = a * cf - b * sf;
+            v[i + half] = a * sf + b * cf;
+        }
+    }
+}
+
+// --- KV-cache store ---------------------------------------------------------
+// Rows src_row0..src_row0+n of k/v ([*, row_len]) are the sequence's
+// positions p0..p0+n, p0 = seq_p0[seq] (read on the device). Position pos
+// goes to row pos % rows of a ring (only the last `rows` of the batch are
+// kept), row pos otherwise.
+extern "C" __global__ void store_kv(const float* k, const float* v, u32 src_row0, float* dst_k,
+                                    float* dst_v, u32 rows, u32 row_len, u32 ring, u32 n,
+                                    const u32* seq_p0, u32 seq) {
+    const u64 p0 = seq_p0[seq];
+    const u32 first = (ring && n > rows) ? n - rows : 0;
+    GRID_STRIDE(i, (u64)(n - first) * row_len) {
+        const u32 t = first + (u32)(i / row_len), c = (u32)(i % row_len);
+        const u64 pos = p0 + t;
+        const u64 slot = ring ? pos % rows : pos;
+        if (slot >= rows) continue; // checked on the host for this step
+        const u64 s = (u64)(src_row0 + t) * row_len + c, d = slot * row_len + c;
+        dst_k[d] = k[s];
+        dst_v[d] = v[s];
+    }
+}

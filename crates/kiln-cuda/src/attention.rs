@@ -1,0 +1,226 @@
+//! Launchers of `kernels/attention.cu`: flash-style prefill over causal and
+//! sliding-window masks (Gemma 2 softcap included) and split-K decode with
+//! a merge. Launch shapes depend only on the step's KV bucket, never on
+//! `p0` itself, which the kernels read from the step: a graph captured for
+//! a bucket replays at every position inside it.
+
+use std::sync::Mutex;
+
+use cudarc::driver::{CudaFunction, CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
+use kiln_model::{AttnParams, ModelError, Result};
+
+use crate::gpu::{Gpu, Source};
+use crate::ops::{check, launch, to_u32};
+
+pub(crate) const ATTENTION: Source = Source {
+    name: "attention",
+    text: concat!(
+        include_str!("../kernels/common.cuh"),
+        include_str!("../kernels/attention.cu")
+    ),
+};
+
+/// Warps per decode block (each one split).
+const DECODE_WARPS: u32 = 4;
+/// Warps per prefill block.
+const PREFILL_WARPS: u32 = 4;
+/// Query rows per prefill warp (`attn_prefill_e*_r4`).
+const PREFILL_ROWS: usize = 4;
+/// Fewest keys a decode split takes: below this the partials cost more
+/// than the parallelism saves.
+const MIN_SPLIT_KEYS: usize = 64;
+/// Decode warps to aim for over all KV heads (a few per SM on an H200).
+const DECODE_TARGET_WARPS: usize = 512;
+
+/// The kernel's argument block (`struct AttnArgs` in attention.cu: same
+/// fields, same order).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct AttnArgs {
+    q: u64,
+    cur_k: u64,
+    cur_v: u64,
+    past_k: u64,
+    past_v: u64,
+    out: u64,
+    part_acc: u64,
+    part_ml: u64,
+    seq_p0: u64,
+    seq: u32,
+    n_tok: u32,
+    n_head: u32,
+    n_kv_head: u32,
+    past_rows: u32,
+    window: u32,
+    chunk: u32,
+    scale: f32,
+    softcap: f32,
+    pad: u32,
+}
+
+// SAFETY: plain `repr(C)` integers and floats, laid out as the CUDA struct.
+unsafe impl DeviceRepr for AttnArgs {}
+
+/// Device buffers of one attention call, as addresses.
+pub(crate) struct AttnBufs<'a> {
+    pub q: &'a CudaSlice<f32>,
+    pub cur_k: &'a CudaSlice<f32>,
+    pub cur_v: &'a CudaSlice<f32>,
+    /// `(k, v, rows)` of the cache, positions `p0 - rows..p0` (or from 0).
+    pub past: Option<(&'a CudaSlice<f32>, &'a CudaSlice<f32>, usize)>,
+    pub out: &'a mut CudaSlice<f32>,
+    /// Address of the step's per-sequence `p0`.
+    pub seq_p0: u64,
+}
+
+/// The attention kernels and the decode partials' workspace.
+pub(crate) struct Attention {
+    merge: CudaFunction,
+    /// Decode partials (grown outside capture only).
+    parts: Mutex<Option<CudaSlice<f32>>>,
+}
+
+/// `E` (floats per lane) of a head dim the kernels take.
+fn lane_elems(head_dim: usize) -> Result<usize> {
+    match head_dim {
+        32 | 64 | 128 | 256 | 512 => Ok(head_dim / 32),
+        _ => Err(ModelError::Backend(format!(
+            "attention: head dim {head_dim} has no CUDA kernel (32, 64, 128, 256 or 512)"
+        ))),
+    }
+}
+
+/// Decode geometry for a KV bucket: `(chunk, splits)` with `splits` a
+/// multiple of [`DECODE_WARPS`] and `chunk * splits` covering the widest
+/// visible range of any position in the bucket.
+fn decode_splits(p: &AttnParams, row_groups: usize) -> (usize, usize) {
+    let bucket = (p.p0 + p.n_tok).next_power_of_two();
+    let span = p.window.map_or(bucket, |w| w.min(bucket)).max(1);
+    let target = (DECODE_TARGET_WARPS / (p.n_kv_head * row_groups)).max(1);
+    let chunk = span
+        .div_ceil(target)
+        .max(MIN_SPLIT_KEYS)
+        .next_multiple_of(8);
+    let warps = DECODE_WARPS as usize;
+    let splits = span.div_ceil(chunk).next_multiple_of(warps);
+    (chunk, splits)
+}
+
+impl Attention {
+    pub(crate) fn new(gpu: &Gpu) -> Result<Attention> {
+        Ok(Attention {
+            merge: gpu.function(&ATTENTION, "attn_merge")?,
+            parts: Mutex::new(None),
+        })
+    }
+
+    /// Attention of the query rows `p.row0..p.row0 + p.n_tok` (see
+    /// [`kiln_model::Backend::attention`]).
+    pub(crate) fn run(&self, gpu: &Gpu, b: AttnBufs<'_>, p: &AttnParams) -> Result<()> {
+        let e = lane_elems(p.head_dim)?;
+        let hd = p.head_dim;
+        if p.n_kv_head == 0 || !p.n_head.is_multiple_of(p.n_kv_head) {
+            return Err(ModelError::Backend(format!(
+                "attention: {} heads do not group over {} KV heads",
+                p.n_head, p.n_kv_head
+            )));
+        }
+        let (qd, kvd) = (p.n_head * hd, p.n_kv_head * hd);
+        let end = p.row0 + p.n_tok;
+        check("attention q", end * qd, b.q.len())?;
+        check("attention k", end * kvd, b.cur_k.len())?;
+        check("attention v", end * kvd, b.cur_v.len())?;
+        check("attention out", end * qd, b.out.len())?;
+        if p.n_tok == 0 {
+            return Ok(());
+        }
+        let mut a = AttnArgs {
+            q: gpu.ptr(b.q, p.row0 * qd),
+            cur_k: gpu.ptr(b.cur_k, p.row0 * kvd),
+            cur_v: gpu.ptr(b.cur_v, p.row0 * kvd),
+            out: gpu.ptr(b.out, p.row0 * qd),
+            seq_p0: b.seq_p0,
+            seq: to_u32("attention sequence", p.seq)?,
+            n_tok: to_u32("attention rows", p.n_tok)?,
+            n_head: to_u32("attention heads", p.n_head)?,
+            n_kv_head: to_u32("attention KV heads", p.n_kv_head)?,
+            window: to_u32("attention window", p.window.unwrap_or(0))?,
+            scale: p.scale,
+            softcap: p.softcap.unwrap_or(0.0),
+            ..AttnArgs::default()
+        };
+        if let Some((k, v, rows)) = b.past {
+            if rows == 0 || k.len() < rows * kvd || v.len() < rows * kvd {
+                return Err(ModelError::Backend(format!(
+                    "attention: cache of {rows} rows is shorter than its buffers claim"
+                )));
+            }
+            a.past_k = gpu.ptr(k, 0);
+            a.past_v = gpu.ptr(v, 0);
+            a.past_rows = to_u32("attention cache rows", rows)?;
+        } else if p.p0 > 0 {
+            return Err(ModelError::Backend(format!(
+                "attention: positions before {} have no cache",
+                p.p0
+            )));
+        }
+        if p.n_tok == 1 {
+            self.decode(gpu, a, p, e)
+        } else {
+            let rows = p.n_tok * (p.n_head / p.n_kv_head);
+            let per_block = PREFILL_WARPS as usize * PREFILL_ROWS;
+            let cfg = LaunchConfig {
+                grid_dim: (
+                    to_u32("attention row blocks", rows.div_ceil(per_block))?,
+                    a.n_kv_head,
+                    1,
+                ),
+                block_dim: (PREFILL_WARPS * 32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let f = gpu.function(&ATTENTION, &format!("attn_prefill_e{e}_r{PREFILL_ROWS}"))?;
+            launch!(gpu, &f, cfg, "attention (prefill)"; a)
+        }
+    }
+
+    /// One query token: split-K partials, then the merge.
+    fn decode(&self, gpu: &Gpu, mut a: AttnArgs, p: &AttnParams, e: usize) -> Result<()> {
+        let g = p.n_head / p.n_kv_head;
+        // Rows per warp: the group's heads, at most 8 (4 at E = 16, for
+        // registers), the rest over grid z.
+        let r_max = if e == 16 { 4 } else { 8 };
+        let r = g.next_power_of_two().min(r_max);
+        let row_groups = g.div_ceil(r);
+        let (chunk, splits) = decode_splits(p, row_groups);
+        let hd = p.head_dim;
+        let need = p.n_head * splits * (hd + 2);
+        let mut parts = self.parts.lock().unwrap_or_else(|e| e.into_inner());
+        if parts.as_ref().is_none_or(|w| w.len() < need) {
+            let grown = need.max(parts.as_ref().map_or(0, |w| 2 * w.len()));
+            *parts = Some(gpu.alloc::<f32>(grown, "attention partials")?);
+            gpu.workspace_reallocated();
+        }
+        let w = parts.as_ref().expect("workspace allocated above");
+        a.part_acc = gpu.ptr(w, 0);
+        a.part_ml = gpu.ptr(w, p.n_head * splits * hd);
+        a.chunk = to_u32("attention chunk", chunk)?;
+        let cfg = LaunchConfig {
+            grid_dim: (
+                to_u32("attention splits", splits / DECODE_WARPS as usize)?,
+                a.n_kv_head,
+                to_u32("attention row groups", row_groups)?,
+            ),
+            block_dim: (DECODE_WARPS * 32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let f = gpu.function(&ATTENTION, &format!("attn_decode_e{e}_r{r}"))?;
+        launch!(gpu, &f, cfg, "attention (decode)"; a)?;
+        let cfg = LaunchConfig {
+            grid_dim: (a.n_head, 1, 1),
+            block_dim: (to_u32("head dim", hd)?, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        launch!(gpu, &self.merge, cfg, "attention merge";
+            a.part_acc, a.part_ml, a.out, splits as u32, hd as u32)
+    }
+}
