@@ -16,7 +16,6 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::cublas::sys::cublasOperation_t;
 use cudarc::cublas::{Gemm, GemmConfig};
-use cudarc::driver::sys::CUstreamCaptureStatus;
 use cudarc::driver::{CudaFunction, CudaSlice, CudaView, DevicePtr, LaunchConfig, PushKernelArg};
 use kiln_model::{ModelError, Result};
 use kiln_quant::GgmlType;
@@ -58,6 +57,14 @@ static SOURCES: [(GgmlType, &str, Source); 13] = sources!(
     Q5K => "q5_k",
     Q6K => "q6_k",
 );
+
+/// The kernel sources, one per weight type (for compile tests).
+// NOTE(cuda-quant): for `compile_kernel_sources` in lib.rs (cuda-core's),
+// which can chain these after its own sources; unused until then.
+#[allow(dead_code)]
+pub(crate) fn sources() -> impl Iterator<Item = &'static Source> {
+    SOURCES.iter().map(|(_, _, src)| src)
+}
 
 /// Threads of every kernel but `argmax_finish` (`WARPS * 32` in matmul.cu).
 const BLOCK: u32 = 128;
@@ -194,7 +201,7 @@ impl Matmul {
         // SAFETY: matvec_* reads rows row0..row0+n_rows of `w.data` (checked
         // against w.rows, whose bytes `upload` checked), n_tok * cols values
         // of x and writes n_tok * n_rows of out (both checked above).
-        unsafe { b.launch(cfg) }.map_err(|e| cuda_err(&format!("matvec on {}", w.name), e))?;
+        unsafe { gpu.launch(&mut b, cfg, &format!("matvec on {}", w.name)) }?;
         Ok(())
     }
 
@@ -216,15 +223,9 @@ impl Matmul {
         let mut guard = self.workspace.lock().unwrap_or_else(|e| e.into_inner());
         let ws = match guard.as_mut() {
             Some(ws) => ws,
-            None => {
-                if capturing(gpu)? {
-                    return Err(ModelError::Backend(
-                        "the dequant workspace must be allocated before a graph capture (run the step once first)"
-                            .into(),
-                    ));
-                }
-                guard.insert(gpu.alloc::<f32>(WORKSPACE_FLOATS, "dequant workspace")?)
-            }
+            // `alloc` refuses inside a capture: the warm-up run of a step
+            // (run_step runs it plainly first) allocates it.
+            None => guard.insert(gpu.alloc::<f32>(WORKSPACE_FLOATS, "dequant workspace")?),
         };
         let chunk = (WORKSPACE_FLOATS / w.cols).min(n_rows);
         if chunk == 0 {
@@ -248,8 +249,7 @@ impl Matmul {
                 .arg(&mut *ws);
             // SAFETY: reads rows row0+r .. row0+r+m of the weight (checked
             // by the caller) and writes m * cols <= WORKSPACE_FLOATS values.
-            unsafe { b.launch(cfg) }
-                .map_err(|e| cuda_err(&format!("dequant_rows on {}", w.name), e))?;
+            unsafe { gpu.launch(&mut b, cfg, &format!("dequant_rows on {}", w.name)) }?;
             // Column-major view: C (n_rows x n_tok, ldc n_rows) = Aᵀ B with
             // A the chunk (cols x m, lda cols) and B = x (cols x n_tok).
             let cfg = GemmConfig {
@@ -307,7 +307,7 @@ impl Matmul {
         b.arg(tokens).arg(&n_tok).arg(&scale).arg(out);
         // SAFETY: reads n_tok ids (checked), only rows below `rows`, and
         // writes n_tok * cols values of out (checked).
-        unsafe { b.launch(cfg) }.map_err(|e| cuda_err(&format!("embed on {}", table.name), e))?;
+        unsafe { gpu.launch(&mut b, cfg, &format!("embed on {}", table.name)) }?;
         Ok(())
     }
 
@@ -349,14 +349,14 @@ impl Matmul {
             .arg(&self.partials);
         // SAFETY: reads every row of the weight and one x row (checked);
         // writes `ctas` <= ARGMAX_PARTIALS partials.
-        unsafe { b.launch(cfg) }.map_err(|e| cuda_err(&format!("argmax on {}", w.name), e))?;
+        unsafe { gpu.launch(&mut b, cfg, &format!("argmax on {}", w.name)) }?;
         let cfg = grid((1, 1), FINISH_BLOCK);
         let (n, slot) = (ctas as i32, as_i32("slot", slot)?);
         let mut b = gpu.stream.launch_builder(&k.argmax_finish);
         b.arg(&self.partials).arg(&n).arg(ids).arg(&slot);
         // SAFETY: reads the n partials just written, writes ids[slot]
         // (checked).
-        unsafe { b.launch(cfg) }.map_err(|e| cuda_err(&format!("argmax on {}", w.name), e))?;
+        unsafe { gpu.launch(&mut b, cfg, &format!("argmax on {}", w.name)) }?;
         Ok(())
     }
 
@@ -426,15 +426,6 @@ fn check_layout(gpu: &Gpu, w: &CudaWeight) -> Result<()> {
         )));
     }
     Ok(())
-}
-
-/// Whether the stream is being captured into a graph (no allocation then).
-fn capturing(gpu: &Gpu) -> Result<bool> {
-    let status = gpu
-        .stream
-        .capture_status()
-        .map_err(|e| cuda_err("reading the stream's capture status", e))?;
-    Ok(status != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
 }
 
 #[cfg(test)]

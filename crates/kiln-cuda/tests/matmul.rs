@@ -1,0 +1,395 @@
+//! The packed-weight ops of the CUDA backend (matmul: GEMV, skinny GEMM
+//! and dequant + SGEMM prefill; embed; the greedy argmax head) held to
+//! their CPU twin for every weight type: random weights packed by
+//! kiln-quant, dequantized by kiln-quant, dotted in f64.
+//!
+//! Needs a GPU; without one each test prints `skipped: no CUDA device
+//! (...)` and passes. Outputs are poisoned with NaN before every run.
+
+use std::sync::Arc;
+
+use kiln_cuda::{CudaBackend, CudaWeight};
+use kiln_gguf::write::GgufWriter;
+use kiln_gguf::Gguf;
+use kiln_model::{Backend, ModelError, StepInput};
+use kiln_quant::GgmlType;
+
+/// Every type the CUDA kernels read.
+const TYPES: [GgmlType; 13] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q2K,
+    GgmlType::Q3K,
+    GgmlType::Q4K,
+    GgmlType::Q5K,
+    GgmlType::Q6K,
+];
+
+/// Error bound of a dot, relative to `Σ |w_i x_i|`: f32 accumulation of a
+/// few thousand products in a different order than the f64 reference.
+const REL: f64 = 1e-5;
+
+/// The backend on GPU 0, or `None` after printing the skip line.
+fn backend() -> Option<CudaBackend> {
+    if let Some(reason) = kiln_cuda::unavailable_reason() {
+        println!("skipped: no CUDA device ({reason})");
+        return None;
+    }
+    Some(CudaBackend::new(0).expect("GPU 0 is present, so it must open"))
+}
+
+/// xorshift64*: reproducible inputs without a dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// Uniform in [-1, 1).
+    fn float(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+
+    fn floats(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.float()).collect()
+    }
+}
+
+/// A packed matrix, on the host and on the device.
+struct Packed {
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    bytes: Vec<u8>,
+    dev: CudaWeight,
+}
+
+impl Packed {
+    fn row_bytes(&self) -> usize {
+        self.cols / self.ty.block_elems() * self.ty.block_bytes()
+    }
+
+    /// Row `r` dequantized by kiln-quant (the reference).
+    fn row(&self, r: usize) -> Vec<f32> {
+        let rb = self.row_bytes();
+        let mut out = vec![0.0f32; self.cols];
+        kiln_quant::dequantize(self.ty, &self.bytes[r * rb..(r + 1) * rb], &mut out)
+            .expect("whole blocks");
+        out
+    }
+}
+
+/// Row length used for `ty`: whole blocks, more than one warp's worth of
+/// 8-value units for the K-quants (96), a partial last pass for the rest.
+fn cols_for(ty: GgmlType) -> usize {
+    if ty.block_elems() == 256 {
+        768
+    } else {
+        160
+    }
+}
+
+/// Packs `rows x cols` values of `ty`: kiln-quant's quantizer, or random
+/// blocks with a small f16 scale for Q3_K (kiln-quant has no quantizer).
+fn pack(ty: GgmlType, values: &[f32], rng: &mut Rng) -> Vec<u8> {
+    let n_bytes = values.len() / ty.block_elems() * ty.block_bytes();
+    if kiln_quant::can_quantize(ty) {
+        let mut out = vec![0u8; n_bytes];
+        kiln_quant::quantize(ty, values, &mut out).expect("whole blocks");
+        return out;
+    }
+    assert_eq!(ty, GgmlType::Q3K, "only Q3_K lacks a quantizer");
+    let mut out: Vec<u8> = (0..n_bytes).map(|_| rng.next() as u8).collect();
+    for block in out.chunks_exact_mut(ty.block_bytes()) {
+        let d = 0.002 + 0.01 * rng.float().abs();
+        block[108..110].copy_from_slice(&kiln_quant::block::f32_to_f16(d));
+    }
+    out
+}
+
+/// Offset of a float that poisons a whole row's dots with NaN: the f16
+/// scale `d` of the row's first block, or its first value for plain types.
+fn nan_field(ty: GgmlType) -> (usize, Vec<u8>) {
+    let f16_nan = vec![0x00, 0x7e];
+    match ty {
+        GgmlType::F32 => (0, f32::NAN.to_le_bytes().to_vec()),
+        GgmlType::BF16 => (0, vec![0xc0, 0x7f]),
+        GgmlType::Q2K => (80, f16_nan),
+        GgmlType::Q3K => (108, f16_nan),
+        GgmlType::Q6K => (208, f16_nan),
+        _ => (0, f16_nan),
+    }
+}
+
+/// Uploads `bytes` (rows of `ty`) as a weight through a one-tensor GGUF.
+fn upload(be: &CudaBackend, ty: GgmlType, rows: usize, cols: usize, bytes: Vec<u8>) -> Packed {
+    let mut w = GgufWriter::new();
+    w.tensor("w", &[cols as u64, rows as u64], ty, bytes.clone())
+        .expect("valid tensor");
+    let gguf = Arc::new(Gguf::from_bytes(w.to_bytes().expect("writes")).expect("parses"));
+    let dev = be.load_weight(&gguf, "w").expect("uploads");
+    Packed {
+        ty,
+        rows,
+        cols,
+        bytes,
+        dev,
+    }
+}
+
+/// A random `rows x cols` weight of `ty`.
+fn random_weight(be: &CudaBackend, ty: GgmlType, rows: usize, rng: &mut Rng) -> Packed {
+    let cols = cols_for(ty);
+    let bytes = pack(ty, &rng.floats(rows * cols), rng);
+    upload(be, ty, rows, cols, bytes)
+}
+
+/// `(Σ w x, Σ |w x|)` in f64.
+fn dot64(w: &[f32], x: &[f32]) -> (f64, f64) {
+    w.iter().zip(x).fold((0.0, 0.0), |(s, a), (&w, &x)| {
+        let p = f64::from(w) * f64::from(x);
+        (s + p, a + p.abs())
+    })
+}
+
+/// Runs `matmul(w, row0, n_rows, x, n_tok)` into a NaN-poisoned buffer one
+/// row longer than needed and compares with the reference; returns the
+/// failures (an untouched tail must stay NaN).
+fn check_matmul(
+    be: &CudaBackend,
+    w: &Packed,
+    row0: usize,
+    n_rows: usize,
+    n_tok: usize,
+    rng: &mut Rng,
+) -> Vec<String> {
+    let x = rng.floats(n_tok * w.cols);
+    let xb = be.upload(&x).expect("upload x");
+    let len = n_tok * n_rows + 1;
+    let mut out = be.upload(&vec![f32::NAN; len]).expect("upload out");
+    let what = format!(
+        "{} {}x{} rows {row0}+{n_rows} tokens {n_tok}",
+        w.ty, w.rows, w.cols
+    );
+    if let Err(e) = be.matmul(&w.dev, row0, n_rows, &xb, n_tok, &mut out) {
+        return vec![format!("{what}: {e}")];
+    }
+    let mut got = vec![0.0f32; len];
+    be.download(&out, 0, &mut got).expect("download");
+    let mut fails = Vec::new();
+    let mut worst = 0.0f64;
+    for r in 0..n_rows {
+        let wr = w.row(row0 + r);
+        for t in 0..n_tok {
+            let (want, scale) = dot64(&wr, &x[t * w.cols..(t + 1) * w.cols]);
+            let g = got[t * n_rows + r];
+            let err = (f64::from(g) - want).abs() / scale.max(1e-30);
+            if err.is_nan() || err > REL {
+                if fails.len() < 4 {
+                    fails.push(format!("{what}: out[{t}, {r}] = {g}, want {want} (error {err:.2e} of Σ|wx| = {scale})"));
+                }
+                worst = worst.max(if err.is_nan() { f64::INFINITY } else { err });
+            }
+        }
+    }
+    if !got[len - 1].is_nan() {
+        fails.push(format!("{what}: wrote past its output ({})", got[len - 1]));
+    }
+    if worst > 0.0 {
+        fails.push(format!("{what}: worst relative error {worst:.2e}"));
+    }
+    fails
+}
+
+fn report(fails: Vec<String>) {
+    for f in &fails {
+        println!("FAIL {f}");
+    }
+    assert!(fails.is_empty(), "{} failures (listed above)", fails.len());
+}
+
+#[test]
+fn matmul_matches_cpu_for_every_type_and_token_count() {
+    let Some(be) = backend() else { return };
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut fails = Vec::new();
+    for ty in TYPES {
+        // 300 rows: not a multiple of the rows per CTA.
+        let w = random_weight(&be, ty, 300, &mut rng);
+        // GEMV, every skinny width (padded ones too), and SGEMM prefill.
+        for n_tok in [1, 2, 3, 4, 5, 8, 9, 33] {
+            fails.extend(check_matmul(&be, &w, 0, w.rows, n_tok, &mut rng));
+        }
+        // A slice of the rows (row0 > 0: rows at unaligned offsets).
+        for n_tok in [1, 4, 17] {
+            fails.extend(check_matmul(&be, &w, 7, 250, n_tok, &mut rng));
+        }
+        // Enough rows for the two-rows-per-warp GEMV, with an odd tail.
+        let tall = random_weight(&be, ty, 4099, &mut rng);
+        fails.extend(check_matmul(&be, &tall, 0, tall.rows, 1, &mut rng));
+        fails.extend(check_matmul(&be, &tall, 1, 4097, 1, &mut rng));
+    }
+    report(fails);
+}
+
+#[test]
+fn prefill_crosses_dequant_workspace_chunks() {
+    let Some(be) = backend() else { return };
+    let mut rng = Rng(7);
+    let mut fails = Vec::new();
+    // 2100 rows of 4096: more than the 32 MiB workspace's 2048 rows.
+    for ty in [GgmlType::Q8_0, GgmlType::F16] {
+        let (rows, cols) = (2100, 4096);
+        let bytes = pack(ty, &rng.floats(rows * cols), &mut rng);
+        let w = upload(&be, ty, rows, cols, bytes);
+        fails.extend(check_matmul(&be, &w, 0, rows, 12, &mut rng));
+        fails.extend(check_matmul(&be, &w, 30, 2060, 9, &mut rng));
+    }
+    report(fails);
+}
+
+/// A step whose rows hold `tokens`.
+fn step_with(be: &CudaBackend, tokens: &[u32]) -> <CudaBackend as Backend>::Step {
+    let mut step = be.new_step(tokens.len()).expect("step");
+    let mut input = StepInput::default();
+    input.push_seq(tokens, 0);
+    be.load_step(&input, &mut step).expect("load step");
+    step
+}
+
+#[test]
+fn embed_is_bit_exact_with_cpu_dequantization() {
+    let Some(be) = backend() else { return };
+    let mut rng = Rng(11);
+    let mut fails = Vec::new();
+    for ty in TYPES {
+        let mut w = random_weight(&be, ty, 300, &mut rng);
+        // One row's scale is NaN: it must come out NaN, not something else.
+        let (at, nan) = nan_field(ty);
+        let rb = w.row_bytes();
+        w.bytes[5 * rb + at..5 * rb + at + nan.len()].copy_from_slice(&nan);
+        let w = upload(&be, ty, w.rows, w.cols, w.bytes);
+        let tokens = [0u32, 299, 17, 17, 5, 123];
+        let step = step_with(&be, &tokens);
+        let scale = 1.7f32;
+        let n = tokens.len() * w.cols;
+        let mut out = be.upload(&vec![f32::NAN; n + 1]).expect("upload out");
+        if let Err(e) = be.embed(&w.dev, &step, tokens.len(), scale, &mut out) {
+            fails.push(format!("{ty}: {e}"));
+            continue;
+        }
+        let mut got = vec![0.0f32; n + 1];
+        be.download(&out, 0, &mut got).expect("download");
+        for (t, &id) in tokens.iter().enumerate() {
+            let want: Vec<f32> = w.row(id as usize).iter().map(|v| v * scale).collect();
+            let g = &got[t * w.cols..(t + 1) * w.cols];
+            let same = |a: f32, b: f32| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
+            if let Some(c) = (0..w.cols).find(|&c| !same(g[c], want[c])) {
+                fails.push(format!(
+                    "{ty}: token {t} (id {id}) value {c}: {} want {}",
+                    g[c], want[c]
+                ));
+            }
+        }
+        if !got[n].is_nan() {
+            fails.push(format!("{ty}: embed wrote past its output"));
+        }
+    }
+    report(fails);
+}
+
+/// The greedy head's answer for row `row` of `h`: the id, or `u32::MAX`
+/// for a non-finite dot (a backend may also report that as an error).
+fn argmax_id(be: &CudaBackend, w: &Packed, h: &[f32], row: usize) -> Result<u32, ModelError> {
+    let hb = be.upload(h)?;
+    let mut step = step_with(be, &vec![0u32; row + 1]);
+    be.argmax_head(&w.dev, &hb, row, &mut step)?;
+    let mut ids = vec![0u32; row + 1];
+    be.read_ids(&step, &mut ids)?;
+    Ok(ids[row])
+}
+
+#[test]
+fn argmax_matches_cpu_with_ties_and_nan() {
+    let Some(be) = backend() else { return };
+    let mut rng = Rng(23);
+    let mut fails = Vec::new();
+    for ty in TYPES {
+        for rows in [300, 20_000] {
+            let mut w = random_weight(&be, ty, rows, &mut rng);
+            let h = rng.floats(3 * w.cols);
+            let x = &h[2 * w.cols..];
+            let dots: Vec<(f64, f64)> = (0..rows).map(|r| dot64(&w.row(r), x)).collect();
+            let best = (0..rows).fold(0, |b, r| if dots[r].0 > dots[b].0 { r } else { b });
+            // Tie: the winner's bytes again at a lower row (or a higher
+            // one when it is row 0): identical rows give identical dots,
+            // and the lowest row must win.
+            let dup = if best > 0 { best / 2 } else { rows - 1 };
+            let rb = w.row_bytes();
+            let winner = w.bytes[best * rb..(best + 1) * rb].to_vec();
+            w.bytes[dup * rb..(dup + 1) * rb].copy_from_slice(&winner);
+            let want = best.min(dup) as u32;
+            let runner_up = (0..rows)
+                .filter(|&r| r != best && r != dup)
+                .map(|r| dots[r].0)
+                .fold(f64::NEG_INFINITY, f64::max);
+            let margin = (dots[best].0 - runner_up) / dots[best].1;
+            let w = upload(&be, ty, rows, w.cols, w.bytes);
+            match argmax_id(&be, &w, &h, 2) {
+                Ok(id) if id == want => {}
+                // Within rounding of the runner-up the pick may differ.
+                Ok(id) if margin <= 2.0 * REL && (id as usize) < rows => {
+                    println!("{ty} {rows} rows: top-2 margin {margin:.1e}, got {id}, CPU {want}")
+                }
+                other => fails.push(format!(
+                    "{ty} {rows} rows: argmax {other:?}, want {want} (margin {margin:.1e})"
+                )),
+            }
+            // A NaN in one row must not be skipped over.
+            let mut bytes = w.bytes.clone();
+            let (at, nan) = nan_field(ty);
+            let r = rows / 3;
+            bytes[r * rb + at..r * rb + at + nan.len()].copy_from_slice(&nan);
+            let w = upload(&be, ty, rows, w.cols, bytes);
+            match argmax_id(&be, &w, &h, 2) {
+                Ok(u32::MAX) | Err(ModelError::NonFiniteLogit { .. }) => {}
+                other => fails.push(format!("{ty} {rows} rows with a NaN row: {other:?}")),
+            }
+        }
+    }
+    report(fails);
+}
+
+#[test]
+fn bad_shapes_are_errors_not_launches() {
+    let Some(be) = backend() else { return };
+    let mut rng = Rng(5);
+    let w = random_weight(&be, GgmlType::Q4_0, 64, &mut rng);
+    let x = be.upload(&rng.floats(2 * w.cols)).expect("x");
+    let mut out = be.alloc(128).expect("out");
+    let e = be
+        .matmul(&w.dev, 60, 8, &x, 1, &mut out)
+        .expect_err("rows past the end");
+    assert!(e.to_string().contains("rows 60..68 out of 64"), "{e}");
+    let e = be
+        .matmul(&w.dev, 0, 64, &x, 3, &mut out)
+        .expect_err("x too short");
+    assert!(e.to_string().contains("needs 480 elements"), "{e}");
+    let e = be
+        .matmul(&w.dev, 0, 64, &x, 2, &mut be.alloc(100).expect("out"))
+        .expect_err("out too short");
+    assert!(
+        e.to_string().contains("needs 128 elements, buffer has 100"),
+        "{e}"
+    );
+}
