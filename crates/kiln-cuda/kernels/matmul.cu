@@ -51,7 +51,10 @@ __device__ __forceinline__ void warp_dots(const u8* __restrict__ w, u64 row_byte
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
     const int n_units = k >> 3;
-#pragma unroll 2
+    // Two passes in flight per lane keep enough loads outstanding; the wide
+    // shapes already hold NT x 8 x values and R x NT sums in registers
+    // (unrolled, t8r4 would take 224 and fit only 8 warps on an SM).
+#pragma unroll(NT * R <= 4 ? 2 : 1)
     for (int u = threadIdx.x & 31; u < n_units; u += 32) {
         float xv[NT][8], xs[NT];
 #pragma unroll
