@@ -38,50 +38,69 @@ __device__ __forceinline__ u64 max_u64(u64 a, u64 b) { return a > b ? a : b; }
 
 // One warp's dots of rows row .. row + R (those below n_rows, relative to
 // `w`) with token rows 0 .. n_tok (n_tok <= NT) of x; every lane gets the
-// sums. Lane l takes units l, l + 32, ...: a warp reads each row's bytes as
-// one contiguous stream, and each x unit, loaded once into registers, serves
-// all R rows (x is re-read from L1 once per R rows, not once per row).
+// sums. Lane l takes the unit pairs (2l, 2l+1), (2l+64, 2l+65), ...: a warp
+// reads each row's bytes as one contiguous stream; a pair shares its scales
+// (quant.cuh), decoded once; each x unit, loaded once into registers,
+// serves all R rows (x is re-read from L1 once per R rows, not per row).
 // Per unit: d * sum(q x) + m * sum(x), the sums over its 8 elements.
 template <class T, int NT, int R>
 __device__ __forceinline__ void warp_dots(const u8* __restrict__ w, u64 row_bytes, int row, int n_rows,
                                           int k, const float* __restrict__ x, int n_tok,
                                           float (&acc)[R][NT]) {
+    const u8* rows[R];
 #pragma unroll
-    for (int r = 0; r < R; r++)
+    for (int r = 0; r < R; r++) {
+        rows[r] = w + (u64)(row + r) * row_bytes;
 #pragma unroll
         for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
+    }
     const int n_units = k >> 3;
-    // Two passes in flight per lane keep enough loads outstanding; the wide
+    // Two pairs in flight per lane keep enough loads outstanding; the wide
     // shapes already hold NT x 8 x values and R x NT sums in registers
     // (unrolled, t8r4 would take 224 and fit only 8 warps on an SM).
 #pragma unroll(NT * R <= 4 ? 2 : 1)
-    for (int u = threadIdx.x & 31; u < n_units; u += 32) {
-        float xv[NT][8], xs[NT];
-#pragma unroll
-        for (int t = 0; t < NT; t++) {
-            float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f), b = a;
-            if (t < n_tok) {
-                const float4* p = (const float4*)(x + (size_t)t * k + 8 * u);
-                a = p[0];
-                b = p[1];
-            }
-            xv[t][0] = a.x, xv[t][1] = a.y, xv[t][2] = a.z, xv[t][3] = a.w;
-            xv[t][4] = b.x, xv[t][5] = b.y, xv[t][6] = b.z, xv[t][7] = b.w;
-            xs[t] = T::HAS_MIN ? ((a.x + a.y) + (a.z + a.w)) + ((b.x + b.y) + (b.z + b.w)) : 0.0f;
-        }
+    for (int u0 = 2 * (threadIdx.x & 31); u0 < n_units; u0 += 64) {
+        Affine af[R];
 #pragma unroll
         for (int r = 0; r < R; r++) {
             if (row + r >= n_rows) continue;
-            Unit un;
-            load_unit<T>(w + (u64)(row + r) * row_bytes, u, un);
+            int j;
+            const u8* blk = unit_block<T>(rows[r], u0, j);
+            af[r] = T::affine(blk, j);
+        }
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int u = u0 + h;
+            if (u >= n_units) break;  // an odd unit count (plain types)
+            float xv[NT][8], xs[NT];
 #pragma unroll
             for (int t = 0; t < NT; t++) {
-                if (t >= n_tok) continue;
-                float s = 0.0f;
+                float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f), b = a;
+                if (t < n_tok) {
+                    const float4* p = (const float4*)(x + (size_t)t * k + 8 * u);
+                    a = p[0];
+                    b = p[1];
+                }
+                xv[t][0] = a.x, xv[t][1] = a.y, xv[t][2] = a.z, xv[t][3] = a.w;
+                xv[t][4] = b.x, xv[t][5] = b.y, xv[t][6] = b.z, xv[t][7] = b.w;
+                xs[t] = T::HAS_MIN ? ((a.x + a.y) + (a.z + a.w)) + ((b.x + b.y) + (b.z + b.w)) : 0.0f;
+            }
 #pragma unroll
-                for (int i = 0; i < 8; i++) s = fmaf(un.q[i], xv[t][i], s);
-                acc[r][t] = fmaf(un.d, s, acc[r][t]);
-                if (T::HAS_MIN) acc[r][t] = fmaf(un.m, xs[t], acc[r][t]);
+            for (int r = 0; r < R; r++) {
+                if (row + r >= n_rows) continue;
+                float q[8];
+                int j;
+                const u8* blk = unit_block<T>(rows[r], u, j);
+                T::codes(blk, j, q);
+#pragma unroll
+                for (int t = 0; t < NT; t++) {
+                    if (t >= n_tok) continue;
+                    float s = 0.0f;
+#pragma unroll
+                    for (int i = 0; i < 8; i++) s = fmaf(q[i], xv[t][i], s);
+                    acc[r][t] = fmaf(af[r].d, s, acc[r][t]);
+                    if (T::HAS_MIN) acc[r][t] = fmaf(af[r].m, xs[t], acc[r][t]);
+                }
             }
         }
     }

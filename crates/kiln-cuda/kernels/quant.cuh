@@ -1,14 +1,17 @@
 // quant.cuh: the one device-side decoder of every GGML weight type the CUDA
 // backend reads. Layouts and arithmetic mirror crates/kiln-quant
-// (block.rs, dequant.rs); every kernel in matmul.cu decodes through
-// `T::unit` below, so a layout lives in exactly one place on the GPU.
+// (block.rs, dequant.rs); every kernel in matmul.cu decodes through the
+// `codes` / `affine` pair of its type below, so a layout lives in exactly
+// one place on the GPU.
 //
 // The unit of work is 8 consecutive elements of a row ("unit" u covers
 // elements 8u .. 8u+7). Every supported layout keeps such a run inside one
 // block, under one scale, in contiguous bytes, so a unit decodes to
 //     w[i] = d * q[i] + m      (m == 0 for types without a min)
-// where q[i] are small integers (or, for F32/F16/BF16, the values with
-// d = 1). Kernels that need the weights themselves use `unit_weight`, which
+// where q[i] are small integers (`codes`; for F32/F16/BF16 the values,
+// with d = 1) and (d, m) the unit's `affine`. Units 2p and 2p+1 always
+// share their affine (scale groups are 16 or more elements), which the
+// GEMV uses to decode scales once per pair. Kernels that need the weights themselves use `unit_weight`, which
 // rounds exactly as kiln-quant's scalar dequantizer (a product, then a sum,
 // never fused), so dequantized rows are bit-identical to the CPU's. Dot
 // kernels instead compute d * sum(q x) + m * sum(x): one FMA per element.
@@ -22,10 +25,14 @@ typedef unsigned short u16;
 typedef unsigned int u32;
 typedef unsigned long long u64;
 
+// The scale and min of a unit (m == 0 for types without a min).
+struct Affine {
+    float d, m;
+};
+
 struct Unit {
     float q[8];
-    float d;
-    float m;
+    Affine a;
 };
 
 __device__ __forceinline__ u32 ld_u16(const u8* p) { return *(const u16*)p; }
@@ -84,21 +91,21 @@ __device__ __forceinline__ void code_floats(uint2 codes, float bias, float* q) {
 struct q4_0 {
     static constexpr int QK = 32, BYTES = 18;
     static constexpr bool HAS_MIN = false;
-    static __device__ __forceinline__ void unit(const u8* b, int j, Unit& u) {
-        code_floats(bytes_field(ld_8_a2(b + 2 + 8 * (j & 1)), 4 * (j >> 1), 0xF), 8.0f, u.q);
-        u.d = f16_to_f32(ld_u16(b));
-        u.m = 0.0f;
+    static __device__ __forceinline__ void codes(const u8* b, int j, float* q) {
+        code_floats(bytes_field(ld_8_a2(b + 2 + 8 * (j & 1)), 4 * (j >> 1), 0xF), 8.0f, q);
     }
+    static __device__ __forceinline__ Affine affine(const u8* b, int) { return {f16_to_f32(ld_u16(b)), 0.0f}; }
 };
 
 // block_q4_1 (20 bytes, 4-aligned): d @0, m @2, qs[16] @4. w = d * q + m.
 struct q4_1 {
     static constexpr int QK = 32, BYTES = 20;
     static constexpr bool HAS_MIN = true;
-    static __device__ __forceinline__ void unit(const u8* b, int j, Unit& u) {
-        code_floats(bytes_field(ld_8_a4(b + 4 + 8 * (j & 1)), 4 * (j >> 1), 0xF), 0.0f, u.q);
-        u.d = f16_to_f32(ld_u16(b));
-        u.m = f16_to_f32(ld_u16(b + 2));
+    static __device__ __forceinline__ void codes(const u8* b, int j, float* q) {
+        code_floats(bytes_field(ld_8_a4(b + 4 + 8 * (j & 1)), 4 * (j >> 1), 0xF), 0.0f, q);
+    }
+    static __device__ __forceinline__ Affine affine(const u8* b, int) {
+        return {f16_to_f32(ld_u16(b)), f16_to_f32(ld_u16(b + 2))};
     }
 };
 
@@ -111,21 +118,21 @@ __device__ __forceinline__ uint2 q5_codes(uint2 qs8, u32 qh, int j) {
 struct q5_0 {
     static constexpr int QK = 32, BYTES = 22;
     static constexpr bool HAS_MIN = false;
-    static __device__ __forceinline__ void unit(const u8* b, int j, Unit& u) {
-        code_floats(q5_codes(ld_8_a2(b + 6 + 8 * (j & 1)), ld_u32_a2(b + 2), j), 16.0f, u.q);
-        u.d = f16_to_f32(ld_u16(b));
-        u.m = 0.0f;
+    static __device__ __forceinline__ void codes(const u8* b, int j, float* q) {
+        code_floats(q5_codes(ld_8_a2(b + 6 + 8 * (j & 1)), ld_u32_a2(b + 2), j), 16.0f, q);
     }
+    static __device__ __forceinline__ Affine affine(const u8* b, int) { return {f16_to_f32(ld_u16(b)), 0.0f}; }
 };
 
 // block_q5_1 (24 bytes, 8-aligned): d @0, m @2, qh @4, qs[16] @8. w = d * q + m.
 struct q5_1 {
     static constexpr int QK = 32, BYTES = 24;
     static constexpr bool HAS_MIN = true;
-    static __device__ __forceinline__ void unit(const u8* b, int j, Unit& u) {
-        code_floats(q5_codes(ld_8_a8(b + 8 + 8 * (j & 1)), ld_u32(b + 4), j), 0.0f, u.q);
-        u.d = f16_to_f32(ld_u16(b));
-        u.m = f16_to_f32(ld_u16(b + 2));
+    static __device__ __forceinline__ void codes(const u8* b, int j, float* q) {
+        code_floats(q5_codes(ld_8_a8(b + 8 + 8 * (j & 1)), ld_u32(b + 4), j), 0.0f, q);
+    }
+    static __device__ __forceinline__ Affine affine(const u8* b, int) {
+        return {f16_to_f32(ld_u16(b)), f16_to_f32(ld_u16(b + 2))};
     }
 };
 
@@ -134,12 +141,11 @@ struct q5_1 {
 struct q8_0 {
     static constexpr int QK = 32, BYTES = 34;
     static constexpr bool HAS_MIN = false;
-    static __device__ __forceinline__ void unit(const u8* b, int j, Unit& u) {
+    static __device__ __forceinline__ void codes(const u8* b, int j, float* q) {
         const uint2 v = ld_8_a2(b + 2 + 8 * j);
-        code_floats(make_uint2(v.x ^ 0x80808080u, v.y ^ 0x80808080u), 128.0f, u.q);
-        u.d = f16_to_f32(ld_u16(b));
-        u.m = 0.0f;
+        code_floats(make_uint2(v.x ^ 0x80808080u, v.y ^ 0x80808080u), 128.0f, q);
     }
+    static __device__ __forceinline__ Affine affine(const u8* b, int) { return {f16_to_f32(ld_u16(b)), 0.0f}; }
 };
 
 // ---- K-quants: 256-element super-blocks ------------------------------------
@@ -152,13 +158,14 @@ struct q8_0 {
 struct q2_k {
     static constexpr int QK = 256, BYTES = 84;
     static constexpr bool HAS_MIN = true;
-    static __device__ __forceinline__ void unit(const u8* b, int j, Unit& u) {
+    static __device__ __forceinline__ void codes(const u8* b, int j, float* q) {
         const int g = j >> 1;
         const uint2 qs = ld_8_a4(b + 16 + 32 * (g >> 3) + 16 * (g & 1) + 8 * (j & 1));
-        code_floats(bytes_field(qs, 2 * ((g & 7) >> 1), 3), 0.0f, u.q);
-        const u32 sc = b[g];
-        u.d = f16_to_f32(ld_u16(b + 80)) * (float)(sc & 0xF);
-        u.m = -(f16_to_f32(ld_u16(b + 82)) * (float)(sc >> 4));
+        code_floats(bytes_field(qs, 2 * ((g & 7) >> 1), 3), 0.0f, q);
+    }
+    static __device__ __forceinline__ Affine affine(const u8* b, int j) {
+        const u32 sc = b[j >> 1];
+        return {f16_to_f32(ld_u16(b + 80)) * (float)(sc & 0xF), -(f16_to_f32(ld_u16(b + 82)) * (float)(sc >> 4))};
     }
 };
 
@@ -170,16 +177,18 @@ struct q2_k {
 struct q3_k {
     static constexpr int QK = 256, BYTES = 110;
     static constexpr bool HAS_MIN = false;
-    static __device__ __forceinline__ void unit(const u8* b, int j, Unit& u) {
+    static __device__ __forceinline__ void codes(const u8* b, int j, float* q) {
         const int g = j >> 1;
         const int l0 = 16 * (g & 1) + 8 * (j & 1);
         const uint2 low = bytes_field(ld_8_a2(b + 32 + 32 * (g >> 3) + l0), 2 * ((g & 7) >> 1), 3);
         const uint2 high = bytes_field(ld_8_a2(b + l0), g >> 1, 1);
-        code_floats(bytes_or(low, bytes_shl(high, 2)), 4.0f, u.q);
+        code_floats(bytes_or(low, bytes_shl(high, 2)), 4.0f, q);
+    }
+    static __device__ __forceinline__ Affine affine(const u8* b, int j) {
+        const int g = j >> 1;
         const u8* s = b + 96;
         const u32 sc = ((s[g & 7] >> (4 * (g >> 3))) & 0xF) | (((s[8 + (g & 3)] >> (2 * (g >> 2))) & 3) << 4);
-        u.d = f16_to_f32(ld_u16(b + 108)) * (float)((int)sc - 32);
-        u.m = 0.0f;
+        return {f16_to_f32(ld_u16(b + 108)) * (float)((int)sc - 32), 0.0f};
     }
 };
 
@@ -187,7 +196,7 @@ struct q3_k {
 // with the 6-bit scale and min unpacked as kiln-quant's scale_min_k4:
 // groups 0..4 in the low six bits of scales bytes 0..8; groups 4..8 keep
 // low nibbles in bytes 8..12 and top bits in bytes 0..8.
-__device__ __forceinline__ void k4_affine(const u8* b, int g, Unit& u) {
+__device__ __forceinline__ Affine k4_affine(const u8* b, int g) {
     const u8* s = b + 4;
     u32 sc, mn;
     if (g < 4) {
@@ -197,8 +206,7 @@ __device__ __forceinline__ void k4_affine(const u8* b, int g, Unit& u) {
         sc = (s[g + 4] & 0xF) | ((s[g - 4] >> 6) << 4);
         mn = (s[g + 4] >> 4) | ((s[g] >> 6) << 4);
     }
-    u.d = f16_to_f32(ld_u16(b)) * (float)sc;
-    u.m = -(f16_to_f32(ld_u16(b + 2)) * (float)mn);
+    return {f16_to_f32(ld_u16(b)) * (float)sc, -(f16_to_f32(ld_u16(b + 2)) * (float)mn)};
 }
 
 // block_q4_K (144 bytes, 16-aligned): d @0, dmin @2, scales[12] @4, qs[128] @16.
@@ -207,11 +215,11 @@ __device__ __forceinline__ void k4_affine(const u8* b, int g, Unit& u) {
 struct q4_k {
     static constexpr int QK = 256, BYTES = 144;
     static constexpr bool HAS_MIN = true;
-    static __device__ __forceinline__ void unit(const u8* b, int j, Unit& u) {
+    static __device__ __forceinline__ void codes(const u8* b, int j, float* q) {
         const int g = j >> 2;
-        code_floats(bytes_field(ld_8_a8(b + 16 + 32 * (g >> 1) + 8 * (j & 3)), 4 * (g & 1), 0xF), 0.0f, u.q);
-        k4_affine(b, g, u);
+        code_floats(bytes_field(ld_8_a8(b + 16 + 32 * (g >> 1) + 8 * (j & 3)), 4 * (g & 1), 0xF), 0.0f, q);
     }
+    static __device__ __forceinline__ Affine affine(const u8* b, int j) { return k4_affine(b, j >> 2); }
 };
 
 // block_q5_K (176 bytes, 16-aligned): Q4_K plus qh[32] @16 (bit g of byte
@@ -219,14 +227,14 @@ struct q4_k {
 struct q5_k {
     static constexpr int QK = 256, BYTES = 176;
     static constexpr bool HAS_MIN = true;
-    static __device__ __forceinline__ void unit(const u8* b, int j, Unit& u) {
+    static __device__ __forceinline__ void codes(const u8* b, int j, float* q) {
         const int g = j >> 2;
         const int l0 = 8 * (j & 3);
         const uint2 low = bytes_field(ld_8_a8(b + 48 + 32 * (g >> 1) + l0), 4 * (g & 1), 0xF);
         const uint2 high = bytes_field(ld_8_a8(b + 16 + l0), g, 1);
-        code_floats(bytes_or(low, bytes_shl(high, 4)), 0.0f, u.q);
-        k4_affine(b, g, u);
+        code_floats(bytes_or(low, bytes_shl(high, 4)), 0.0f, q);
     }
+    static __device__ __forceinline__ Affine affine(const u8* b, int j) { return k4_affine(b, j >> 2); }
 };
 
 // block_q6_K (210 bytes, 2-aligned): ql[128] @0, qh[64] @128, scales[16] i8
@@ -236,15 +244,16 @@ struct q5_k {
 struct q6_k {
     static constexpr int QK = 256, BYTES = 210;
     static constexpr bool HAS_MIN = false;
-    static __device__ __forceinline__ void unit(const u8* b, int j, Unit& u) {
+    static __device__ __forceinline__ void codes(const u8* b, int j, float* q) {
         const int g = j >> 1;
         const int h = g >> 3, k = (g & 7) >> 1;
         const int l0 = 16 * (g & 1) + 8 * (j & 1);
         const uint2 low = bytes_field(ld_8_a2(b + 64 * h + 32 * (k & 1) + l0), 4 * (k >> 1), 0xF);
         const uint2 high = bytes_field(ld_8_a2(b + 128 + 32 * h + l0), 2 * k, 3);
-        code_floats(bytes_or(low, bytes_shl(high, 4)), 32.0f, u.q);
-        u.d = f16_to_f32(ld_u16(b + 208)) * (float)(int)(signed char)b[192 + g];
-        u.m = 0.0f;
+        code_floats(bytes_or(low, bytes_shl(high, 4)), 32.0f, q);
+    }
+    static __device__ __forceinline__ Affine affine(const u8* b, int j) {
+        return {f16_to_f32(ld_u16(b + 208)) * (float)(int)(signed char)b[192 + (j >> 1)], 0.0f};
     }
 };
 
@@ -254,54 +263,64 @@ struct q6_k {
 struct f32 {
     static constexpr int QK = 8, BYTES = 32;
     static constexpr bool HAS_MIN = false;
-    static __device__ __forceinline__ void unit(const u8* b, int, Unit& u) {
+    static __device__ __forceinline__ void codes(const u8* b, int, float* q) {
         const float4 a = ((const float4*)b)[0], c = ((const float4*)b)[1];
-        u.q[0] = a.x, u.q[1] = a.y, u.q[2] = a.z, u.q[3] = a.w;
-        u.q[4] = c.x, u.q[5] = c.y, u.q[6] = c.z, u.q[7] = c.w;
-        u.d = 1.0f;
-        u.m = 0.0f;
+        q[0] = a.x, q[1] = a.y, q[2] = a.z, q[3] = a.w;
+        q[4] = c.x, q[5] = c.y, q[6] = c.z, q[7] = c.w;
     }
+    static __device__ __forceinline__ Affine affine(const u8*, int) { return {1.0f, 0.0f}; }
 };
 
 // Eight 16-bit values (IEEE half, or bfloat16 when BF) from one 16-byte load.
 template <bool BF>
-__device__ __forceinline__ void unit16(const u8* b, Unit& u) {
+__device__ __forceinline__ void codes16(const u8* b, float* q) {
     const uint4 v = *(const uint4*)b;
     const u32 w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int i = 0; i < 8; i++) {
         const u32 h = (w[i >> 1] >> (16 * (i & 1))) & 0xFFFF;
-        u.q[i] = BF ? bf16_to_f32(h) : f16_to_f32(h);
+        q[i] = BF ? bf16_to_f32(h) : f16_to_f32(h);
     }
-    u.d = 1.0f;
-    u.m = 0.0f;
 }
 
 struct f16 {
     static constexpr int QK = 8, BYTES = 16;
     static constexpr bool HAS_MIN = false;
-    static __device__ __forceinline__ void unit(const u8* b, int, Unit& u) { unit16<false>(b, u); }
+    static __device__ __forceinline__ void codes(const u8* b, int, float* q) { codes16<false>(b, q); }
+    static __device__ __forceinline__ Affine affine(const u8*, int) { return {1.0f, 0.0f}; }
 };
 
 struct bf16 {
     static constexpr int QK = 8, BYTES = 16;
     static constexpr bool HAS_MIN = false;
-    static __device__ __forceinline__ void unit(const u8* b, int, Unit& u) { unit16<true>(b, u); }
+    static __device__ __forceinline__ void codes(const u8* b, int, float* q) { codes16<true>(b, q); }
+    static __device__ __forceinline__ Affine affine(const u8*, int) { return {1.0f, 0.0f}; }
 };
 
 // ---- row access shared by every kernel -------------------------------------
 
-// Unit u (elements 8u .. 8u+7) of the row starting at `row`.
+// The block holding unit u (elements 8u .. 8u+7) of the row at `row`, and
+// the unit's index in it.
+template <class T>
+__device__ __forceinline__ const u8* unit_block(const u8* row, int u, int& j) {
+    constexpr int UNITS = T::QK / 8;
+    j = u % UNITS;
+    return row + (size_t)(u / UNITS) * T::BYTES;
+}
+
+// Unit u of the row at `row`: its codes and affine.
 template <class T>
 __device__ __forceinline__ void load_unit(const u8* row, int u, Unit& out) {
-    constexpr int UNITS = T::QK / 8;
-    T::unit(row + (size_t)(u / UNITS) * T::BYTES, u % UNITS, out);
+    int j;
+    const u8* b = unit_block<T>(row, u, j);
+    T::codes(b, j, out.q);
+    out.a = T::affine(b, j);
 }
 
 // Weight i of a decoded unit, rounded as kiln-quant's dequantizer: the
 // product d * q, then the min (no FMA contraction).
 template <class T>
 __device__ __forceinline__ float unit_weight(const Unit& u, int i) {
-    const float w = __fmul_rn(u.d, u.q[i]);
-    return T::HAS_MIN ? __fadd_rn(w, u.m) : w;
+    const float w = __fmul_rn(u.a.d, u.q[i]);
+    return T::HAS_MIN ? __fadd_rn(w, u.a.m) : w;
 }

@@ -89,13 +89,15 @@ impl Packed {
     }
 }
 
-/// Row length used for `ty`: whole blocks, more than one warp's worth of
-/// 8-value units for the K-quants (96), a partial last pass for the rest.
+/// Row length used for `ty`: whole blocks; more than a warp's 64 units
+/// per pass for the K-quants (96), a partial pass for the rest, and an odd
+/// number of 8-value units (21) for the plain types (the GEMV decodes
+/// units in pairs).
 fn cols_for(ty: GgmlType) -> usize {
-    if ty.block_elems() == 256 {
-        768
-    } else {
-        160
+    match ty.block_elems() {
+        256 => 768,
+        1 => 168,
+        _ => 160,
     }
 }
 
