@@ -292,8 +292,10 @@ extern "C" __global__ void attn_merge(const float* part_acc, const float* part_m
     const u32 h = blockIdx.x, d = threadIdx.x;
     const float* ml = part_ml + (u64)h * n_splits * 2;
     float mx = -INFINITY;
+#pragma unroll 8
     for (u32 s = 0; s < n_splits; ++s) mx = nan_max(mx, ml[2 * s]);
     float l = 0.0f, o = 0.0f;
+#pragma unroll 8
     for (u32 s = 0; s < n_splits; ++s) {
         const float m = ml[2 * s];
         if (m == -INFINITY) continue; // an empty split

@@ -26,9 +26,10 @@ const DECODE_WARPS: u32 = 4;
 const PREFILL_WARPS: u32 = 4;
 /// Query rows per prefill warp (`attn_prefill_e*_r4`).
 const PREFILL_ROWS: usize = 4;
-/// Fewest keys a decode split takes: below this the partials cost more
-/// than the parallelism saves.
-const MIN_SPLIT_KEYS: usize = 64;
+/// Fewest keys a decode split takes (two tiles of 8): a warp's keys are
+/// folded one tile after another, so fewer keys per split means less
+/// latency, until the partials cost more than that saves.
+const MIN_SPLIT_KEYS: usize = 16;
 /// Decode warps to aim for over all KV heads (a few per SM on an H200).
 const DECODE_TARGET_WARPS: usize = 512;
 

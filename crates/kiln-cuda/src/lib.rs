@@ -62,10 +62,8 @@ pub fn unavailable_reason() -> Option<String> {
 /// without a GPU; returns each source's name and image size. For tests.
 #[doc(hidden)]
 pub fn compile_kernel_sources(arch: &str) -> Result<Vec<(&'static str, usize)>> {
-    // NOTE(cuda-core): add matmul.rs's per-type sources here once it
-    // exposes them (e.g. `pub(crate) fn sources() -> impl Iterator<Item =
-    // &'static Source>`); its statics are private to that module.
-    let sources = [&ops::ELEMENTWISE, &attention::ATTENTION];
+    let mut sources = vec![&ops::ELEMENTWISE, &attention::ATTENTION];
+    sources.extend(matmul::sources());
     sources
         .into_iter()
         .map(|s| gpu::compile(s, arch).map(|img| (s.name, img.len())))

@@ -21,9 +21,6 @@ pub(crate) const ELEMENTWISE: Source = Source {
 const BLOCK: u32 = 256;
 /// Most blocks of a grid-stride launch (more only queue).
 const MAX_BLOCKS: u64 = 8192;
-/// Groups at least this long get a block each in `rms_norm`; shorter ones
-/// (per-head q/k norms) a warp each.
-const RMS_BLOCK_MIN_DIM: usize = 1024;
 
 /// Enqueues kernel `$f` with `$cfg` and arguments (each evaluated into a
 /// local that outlives the launch).
@@ -68,8 +65,8 @@ fn pointwise(n: usize) -> LaunchConfig {
 
 /// The loaded elementwise kernels, and the RoPE frequency tables.
 pub(crate) struct Ops {
-    rms_norm_warp: CudaFunction,
-    rms_norm_block: CudaFunction,
+    rms_norm_v4: CudaFunction,
+    rms_norm_v1: CudaFunction,
     add: CudaFunction,
     scale: CudaFunction,
     gelu_mul: CudaFunction,
@@ -86,8 +83,8 @@ impl Ops {
     pub(crate) fn new(gpu: &Gpu) -> Result<Ops> {
         let f = |name| gpu.function(&ELEMENTWISE, name);
         Ok(Ops {
-            rms_norm_warp: f("rms_norm_warp")?,
-            rms_norm_block: f("rms_norm_block")?,
+            rms_norm_v4: f("rms_norm_v4")?,
+            rms_norm_v1: f("rms_norm_v1")?,
             add: f("add")?,
             scale: f("scale")?,
             gelu_mul: f("gelu_mul")?,
@@ -117,25 +114,24 @@ impl Ops {
             return Ok(());
         }
         let w_ptr = w.map_or(0, |w| gpu.ptr(w, 0));
-        let (f, cfg) = if dim >= RMS_BLOCK_MIN_DIM {
-            let cfg = LaunchConfig {
-                grid_dim: (to_u32("rms_norm groups", n_groups)?, 1, 1),
-                block_dim: (1024, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            (&self.rms_norm_block, cfg)
+        // float4 loads need 16-byte rows (allocations are 256-byte aligned).
+        let v4 = dim.is_multiple_of(4);
+        let per_thread = if v4 { 4 } else { 1 };
+        let tpg = dim.div_ceil(per_thread).next_multiple_of(32).min(1024);
+        let groups_per_block = (BLOCK as usize / tpg).max(1);
+        let cfg = LaunchConfig {
+            grid_dim: (
+                to_u32("rms_norm groups", n_groups.div_ceil(groups_per_block))?,
+                1,
+                1,
+            ),
+            block_dim: (tpg as u32, groups_per_block as u32, 1),
+            shared_mem_bytes: 0,
+        };
+        let f = if v4 {
+            &self.rms_norm_v4
         } else {
-            let per_block = (BLOCK / 32) as usize;
-            let cfg = LaunchConfig {
-                grid_dim: (
-                    to_u32("rms_norm groups", n_groups.div_ceil(per_block))?,
-                    1,
-                    1,
-                ),
-                block_dim: (BLOCK, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            (&self.rms_norm_warp, cfg)
+            &self.rms_norm_v1
         };
         launch!(gpu, f, cfg, "rms_norm";
             gpu.ptr(x, 0), w_ptr, n_groups as u32, to_u32("rms_norm dim", dim)?, eps)
@@ -256,9 +252,16 @@ impl Ops {
             )));
         }
         let table = self.rope_table(gpu, rope)?;
+        // A thread per pair and head, heads filling blocks of ~256.
+        let pairs = half.next_multiple_of(32).min(BLOCK as usize);
+        let heads_per_block = (BLOCK as usize / pairs).clamp(1, n_heads.max(1));
         let cfg = LaunchConfig {
-            grid_dim: (to_u32("rope tokens", n_tok)?, 1, 1),
-            block_dim: ((half as u32).next_multiple_of(32).min(BLOCK), 1, 1),
+            grid_dim: (
+                to_u32("rope tokens", n_tok)?,
+                to_u32("rope heads", n_heads.div_ceil(heads_per_block))?,
+                1,
+            ),
+            block_dim: (pairs as u32, heads_per_block as u32, 1),
             shared_mem_bytes: 0,
         };
         launch!(gpu, &self.rope_neox, cfg, "rope";
