@@ -59,9 +59,6 @@ static SOURCES: [(GgmlType, &str, Source); 13] = sources!(
 );
 
 /// The kernel sources, one per weight type (for compile tests).
-// NOTE(cuda-quant): for `compile_kernel_sources` in lib.rs (cuda-core's),
-// which can chain these after its own sources; unused until then.
-#[allow(dead_code)]
 pub(crate) fn sources() -> impl Iterator<Item = &'static Source> {
     SOURCES.iter().map(|(_, _, src)| src)
 }

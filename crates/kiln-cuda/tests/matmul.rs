@@ -6,7 +6,11 @@
 //! Needs a GPU; without one each test prints `skipped: no CUDA device
 //! (...)` and passes. Outputs are poisoned with NaN before every run.
 
+mod common;
+
 use std::sync::Arc;
+
+use common::{backend, dev, host, poisoned, Rng};
 
 use kiln_cuda::{CudaBackend, CudaWeight};
 use kiln_gguf::write::GgufWriter;
@@ -34,36 +38,6 @@ const TYPES: [GgmlType; 13] = [
 /// Error bound of a dot, relative to `Σ |w_i x_i|`: f32 accumulation of a
 /// few thousand products in a different order than the f64 reference.
 const REL: f64 = 1e-5;
-
-/// The backend on GPU 0, or `None` after printing the skip line.
-fn backend() -> Option<CudaBackend> {
-    if let Some(reason) = kiln_cuda::unavailable_reason() {
-        println!("skipped: no CUDA device ({reason})");
-        return None;
-    }
-    Some(CudaBackend::new(0).expect("GPU 0 is present, so it must open"))
-}
-
-/// xorshift64*: reproducible inputs without a dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    /// Uniform in [-1, 1).
-    fn float(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-
-    fn floats(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.float()).collect()
-    }
-}
 
 /// A packed matrix, on the host and on the device.
 struct Packed {
@@ -152,7 +126,7 @@ fn upload(be: &CudaBackend, ty: GgmlType, rows: usize, cols: usize, bytes: Vec<u
 /// A random `rows x cols` weight of `ty`.
 fn random_weight(be: &CudaBackend, ty: GgmlType, rows: usize, rng: &mut Rng) -> Packed {
     let cols = cols_for(ty);
-    let bytes = pack(ty, &rng.floats(rows * cols), rng);
+    let bytes = pack(ty, &rng.floats(rows * cols, 1.0), rng);
     upload(be, ty, rows, cols, bytes)
 }
 
@@ -175,10 +149,10 @@ fn check_matmul(
     n_tok: usize,
     rng: &mut Rng,
 ) -> Vec<String> {
-    let x = rng.floats(n_tok * w.cols);
-    let xb = be.upload(&x).expect("upload x");
+    let x = rng.floats(n_tok * w.cols, 1.0);
+    let xb = dev(be, &x);
     let len = n_tok * n_rows + 1;
-    let mut out = be.upload(&vec![f32::NAN; len]).expect("upload out");
+    let mut out = poisoned(be, len);
     let what = format!(
         "{} {}x{} rows {row0}+{n_rows} tokens {n_tok}",
         w.ty, w.rows, w.cols
@@ -186,8 +160,7 @@ fn check_matmul(
     if let Err(e) = be.matmul(&w.dev, row0, n_rows, &xb, n_tok, &mut out) {
         return vec![format!("{what}: {e}")];
     }
-    let mut got = vec![0.0f32; len];
-    be.download(&out, 0, &mut got).expect("download");
+    let got = host(be, &out);
     let mut fails = Vec::new();
     let mut worst = 0.0f64;
     for r in 0..n_rows {
@@ -252,7 +225,7 @@ fn prefill_crosses_dequant_workspace_chunks() {
     // 2100 rows of 4096: more than the 32 MiB workspace's 2048 rows.
     for ty in [GgmlType::Q8_0, GgmlType::F16] {
         let (rows, cols) = (2100, 4096);
-        let bytes = pack(ty, &rng.floats(rows * cols), &mut rng);
+        let bytes = pack(ty, &rng.floats(rows * cols, 1.0), &mut rng);
         let w = upload(&be, ty, rows, cols, bytes);
         fails.extend(check_matmul(&be, &w, 0, rows, 12, &mut rng));
         fails.extend(check_matmul(&be, &w, 30, 2060, 9, &mut rng));
@@ -285,13 +258,12 @@ fn embed_is_bit_exact_with_cpu_dequantization() {
         let step = step_with(&be, &tokens);
         let scale = 1.7f32;
         let n = tokens.len() * w.cols;
-        let mut out = be.upload(&vec![f32::NAN; n + 1]).expect("upload out");
+        let mut out = poisoned(&be, n + 1);
         if let Err(e) = be.embed(&w.dev, &step, tokens.len(), scale, &mut out) {
             fails.push(format!("{ty}: {e}"));
             continue;
         }
-        let mut got = vec![0.0f32; n + 1];
-        be.download(&out, 0, &mut got).expect("download");
+        let got = host(&be, &out);
         for (t, &id) in tokens.iter().enumerate() {
             let want: Vec<f32> = w.row(id as usize).iter().map(|v| v * scale).collect();
             let g = &got[t * w.cols..(t + 1) * w.cols];
@@ -329,7 +301,7 @@ fn argmax_matches_cpu_with_ties_and_nan() {
     for ty in TYPES {
         for rows in [300, 20_000] {
             let mut w = random_weight(&be, ty, rows, &mut rng);
-            let h = rng.floats(3 * w.cols);
+            let h = rng.floats(3 * w.cols, 1.0);
             let x = &h[2 * w.cols..];
             let dots: Vec<(f64, f64)> = (0..rows).map(|r| dot64(&w.row(r), x)).collect();
             let best = (0..rows).fold(0, |b, r| if dots[r].0 > dots[b].0 { r } else { b });
@@ -377,7 +349,7 @@ fn bad_shapes_are_errors_not_launches() {
     let Some(be) = backend() else { return };
     let mut rng = Rng(5);
     let w = random_weight(&be, GgmlType::Q4_0, 64, &mut rng);
-    let x = be.upload(&rng.floats(2 * w.cols)).expect("x");
+    let x = be.upload(&rng.floats(2 * w.cols, 1.0)).expect("x");
     let mut out = be.alloc(128).expect("out");
     let e = be
         .matmul(&w.dev, 60, 8, &x, 1, &mut out)
