@@ -114,28 +114,43 @@ struct Rows {
     u32 lo[R], hi[R];
 };
 
+// The lane's slices of the rows of positions k0..k0 + N (clamped to
+// kend - 1) of K or V, all loads issued before any is used.
+template <int E, int N>
+__device__ __forceinline__ void load_rows(float (&out)[N][E], const float* past, const float* cur,
+                                          u32 past_rows, u32 p0, u32 k0, u32 kend, u32 off, u32 kvd) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+        const u32 kp = min(k0 + j, kend - 1);
+        load_slice<E>(kv_row(past, cur, past_rows, p0, kp, kvd) + off, out[j]);
+    }
+}
+
 // Folds key positions k0..min(k0 + 8, kend) into the rows' state. `off` is
 // the lane's offset into a K/V row (kv head and lane slice).
+//
+// Branch-free on purpose: keys past `kend` load row kend - 1 again (their
+// weight is 0), so the compiler issues a batch's row loads together; with
+// a branch around each load it waits out one memory round trip per key.
 template <int E, int R>
 __device__ __forceinline__ void fold_tile(Rows<E, R>& s, const AttnArgs& a, u32 p0, u32 k0, u32 kend,
                                           u32 off, u32 kvd, u32 lane) {
+    // Rows whose slices are held at once (E = 16: half a tile, for registers).
+    constexpr int BATCH = E >= 16 ? TILE / 2 : TILE;
     float part[R][TILE];
 #pragma unroll
-    for (int j = 0; j < TILE; ++j) {
-        const u32 kp = k0 + j;
-        float k[E];
-        if (kp < kend) {
-            load_slice<E>(kv_row(a.past_k, a.cur_k, a.past_rows, p0, kp, kvd) + off, k);
-        } else {
+    for (int j0 = 0; j0 < TILE; j0 += BATCH) {
+        float k[BATCH][E];
+        load_rows(k, a.past_k, a.cur_k, a.past_rows, p0, k0 + j0, kend, off, kvd);
 #pragma unroll
-            for (int e = 0; e < E; ++e) k[e] = 0.0f;
-        }
+        for (int j = 0; j < BATCH; ++j) {
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
-            float d = 0.0f;
+            for (int r = 0; r < R; ++r) {
+                float d = 0.0f;
 #pragma unroll
-            for (int e = 0; e < E; ++e) d += s.q[r][e] * k[e];
-            part[r][j] = d;
+                for (int e = 0; e < E; ++e) d += s.q[r][e] * k[j][e];
+                part[r][j0 + j] = d;
+            }
         }
     }
     const u32 kp = k0 + ((lane >> 2) & 7); // this lane's key after the scatter
@@ -147,29 +162,29 @@ __device__ __forceinline__ void fold_tile(Rows<E, R>& s, const AttnArgs& a, u32 
         const bool vis = kp < kend && kp >= s.lo[r] && kp <= s.hi[r];
         sc = vis ? sc : -INFINITY;
         const float mx = nan_max(s.m[r], tile_max(sc));
-        if (mx == -INFINITY) { // nothing visible to this row yet
-            p[r] = 0.0f;
-            continue;
-        }
-        // exp(-inf) = 0 clears the empty initial state.
-        const float corr = expf(s.m[r] - mx);
-        p[r] = vis ? expf(sc - mx) : 0.0f;
+        // Nothing visible to this row yet (mx = -inf): exponents against 0
+        // keep everything at 0 instead of NaN. exp(-inf) = 0 clears the
+        // empty initial state.
+        const float base = mx == -INFINITY ? 0.0f : mx;
+        const float corr = expf(s.m[r] - base);
+        p[r] = vis ? expf(sc - base) : 0.0f;
         s.l[r] = s.l[r] * corr + tile_sum(p[r]);
         s.m[r] = mx;
 #pragma unroll
         for (int e = 0; e < E; ++e) s.acc[r][e] *= corr;
     }
 #pragma unroll
-    for (int j = 0; j < TILE; ++j) {
-        const u32 kpj = k0 + j;
-        if (kpj >= kend) break; // warp-uniform
-        float v[E];
-        load_slice<E>(kv_row(a.past_v, a.cur_v, a.past_rows, p0, kpj, kvd) + off, v);
+    for (int j0 = 0; j0 < TILE; j0 += BATCH) {
+        float v[BATCH][E];
+        load_rows(v, a.past_v, a.cur_v, a.past_rows, p0, k0 + j0, kend, off, kvd);
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
-            const float pj = __shfl_sync(FULL_MASK, p[r], j * 4);
+        for (int j = 0; j < BATCH; ++j) {
 #pragma unroll
-            for (int e = 0; e < E; ++e) s.acc[r][e] += pj * v[e];
+            for (int r = 0; r < R; ++r) {
+                const float pj = __shfl_sync(FULL_MASK, p[r], (j0 + j) * 4);
+#pragma unroll
+                for (int e = 0; e < E; ++e) s.acc[r][e] += pj * v[j][e];
+            }
         }
     }
 }
@@ -199,17 +214,21 @@ __device__ void attn_decode(const AttnArgs& a) {
     const u32 split = blockIdx.x * (blockDim.x / WARP) + warp;
     const u32 kvh = blockIdx.y, g = a.n_head / a.n_kv_head;
     const u32 hd = E * WARP, kvd = a.n_kv_head * hd;
+    Rows<E, R> s;
+    init_rows(s);
+    // The queries' loads go out before p0's, which the rest waits for.
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const u32 hg = blockIdx.z * R + r;
+        if (hg < g) load_slice<E>(a.q + (kvh * g + hg) * hd + lane * E, s.q[r]);
+    }
     const u32 p0 = a.seq_p0[a.seq], pos = p0;
     const u32 lo = first_key(a, p0, pos);
     const u32 k_begin = lo + split * a.chunk;
     const u32 k_end = min(k_begin + a.chunk, pos + 1);
-    Rows<E, R> s;
-    init_rows(s);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-        const u32 hg = blockIdx.z * R + r;
-        if (hg < g) {
-            load_slice<E>(a.q + (kvh * g + hg) * hd + lane * E, s.q[r]);
+        if (blockIdx.z * R + r < g) {
             s.lo[r] = lo;
             s.hi[r] = pos;
         }
@@ -271,9 +290,9 @@ __device__ void attn_prefill(const AttnArgs& a) {
 }
 
 #define DECODE(E, R) \
-    extern "C" __global__ void attn_decode_e##E##_r##R(const AttnArgs a) { attn_decode<E, R>(a); }
+    extern "C" __global__ void attn_decode_e##E##_r##R(const AttnArgs a) { KERNEL_PROLOGUE(); attn_decode<E, R>(a); }
 #define PREFILL(E, R) \
-    extern "C" __global__ void attn_prefill_e##E##_r##R(const AttnArgs a) { attn_prefill<E, R>(a); }
+    extern "C" __global__ void attn_prefill_e##E##_r##R(const AttnArgs a) { KERNEL_PROLOGUE(); attn_prefill<E, R>(a); }
 #define FAMILY(E) DECODE(E, 1) DECODE(E, 2) DECODE(E, 4) PREFILL(E, 4)
 FAMILY(1)
 FAMILY(2)
@@ -289,6 +308,7 @@ DECODE(8, 8)
 // sum_s exp(m_s - M) acc_s / sum_s exp(m_s - M) l_s. Grid n_head, block hd.
 extern "C" __global__ void attn_merge(const float* part_acc, const float* part_ml, float* out,
                                       u32 n_splits, u32 hd) {
+    KERNEL_PROLOGUE();
     const u32 h = blockIdx.x, d = threadIdx.x;
     const float* ml = part_ml + (u64)h * n_splits * 2;
     float mx = -INFINITY;
@@ -297,9 +317,10 @@ extern "C" __global__ void attn_merge(const float* part_acc, const float* part_m
     float l = 0.0f, o = 0.0f;
 #pragma unroll 8
     for (u32 s = 0; s < n_splits; ++s) {
+        // An empty split (m = -inf, acc 0) weighs 0; no branch, so the
+        // unrolled loads go out together.
         const float m = ml[2 * s];
-        if (m == -INFINITY) continue; // an empty split
-        const float w = expf(m - mx);
+        const float w = m == -INFINITY ? 0.0f : expf(m - mx);
         l += w * ml[2 * s + 1];
         o += w * part_acc[((u64)h * n_splits + s) * hd + d];
     }

@@ -19,6 +19,31 @@ typedef long long i64;
 #define WARP 32
 #define FULL_MASK 0xffffffffu
 
+// Programmatic dependent launch (Gpu::launch_pdl): a kernel may start
+// before the one before it has finished. grid_dep_wait() blocks until that
+// kernel has completed and its writes are visible: call it before touching
+// memory a previous kernel wrote. grid_dep_launch() lets the next kernel
+// start its own launch now (it still waits for this one to complete).
+// Both are no-ops in a plain launch.
+__device__ __forceinline__ void grid_dep_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void grid_dep_launch() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
+// Both, at the top of a kernel whose inputs all come from before it.
+#define KERNEL_PROLOGUE() \
+    do {                  \
+        grid_dep_wait();  \
+        grid_dep_launch(); \
+    } while (0)
+
 // Sum over the 32 lanes, in every lane.
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

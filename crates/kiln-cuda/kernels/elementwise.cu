@@ -53,10 +53,12 @@ __device__ void rms_norm_impl(float* x, const float* w, u32 n_groups, u32 dim, f
 }
 
 extern "C" __global__ void rms_norm_v4(float* x, const float* w, u32 n_groups, u32 dim, float eps) {
+    KERNEL_PROLOGUE();
     rms_norm_impl<true>(x, w, n_groups, dim, eps);
 }
 
 extern "C" __global__ void rms_norm_v1(float* x, const float* w, u32 n_groups, u32 dim, float eps) {
+    KERNEL_PROLOGUE();
     rms_norm_impl<false>(x, w, n_groups, dim, eps);
 }
 
@@ -65,21 +67,25 @@ extern "C" __global__ void rms_norm_v1(float* x, const float* w, u32 n_groups, u
 
 // x[i] += y[i]
 extern "C" __global__ void add(float* x, const float* y, u64 n) {
+    KERNEL_PROLOGUE();
     GRID_STRIDE(i, n) x[i] += y[i];
 }
 
 // x[i] *= s
 extern "C" __global__ void scale(float* x, float s, u64 n) {
+    KERNEL_PROLOGUE();
     GRID_STRIDE(i, n) x[i] *= s;
 }
 
 // gate[i] = gelu_tanh(gate[i]) * up[i]
 extern "C" __global__ void gelu_mul(float* gate, const float* up, u64 n) {
+    KERNEL_PROLOGUE();
     GRID_STRIDE(i, n) gate[i] = gelu_tanh(gate[i]) * up[i];
 }
 
 // x[i] = c * tanh(x[i] / c)
 extern "C" __global__ void softcap_inplace(float* x, float c, u64 n) {
+    KERNEL_PROLOGUE();
     GRID_STRIDE(i, n) x[i] = softcap(x[i], c);
 }
 
@@ -88,6 +94,7 @@ extern "C" __global__ void softcap_inplace(float* x, float c, u64 n) {
 extern "C" __global__ void copy_strided(const float* src, u64 src_off, u64 src_stride, float* dst,
                                         u64 dst_off, u64 dst_stride, u64 rows, u64 len,
                                         float alpha, u32 accumulate) {
+    KERNEL_PROLOGUE();
     GRID_STRIDE(i, rows * len) {
         const u64 r = i / len, c = i % len;
         const float s = src[src_off + r * src_stride + c];
@@ -105,6 +112,7 @@ extern "C" __global__ void copy_strided(const float* src, u64 src_off, u64 src_s
 // (pairs, heads): one thread per pair and head.
 extern "C" __global__ void rope_neox(float* x, const u32* positions, const double* inv_freq,
                                      u32 n_heads, u32 head_dim, u32 half) {
+    KERNEL_PROLOGUE();
     const u32 t = blockIdx.x, h = blockIdx.y * blockDim.y + threadIdx.y;
     if (h >= n_heads) return;
     const double p = (double)positions[t];
@@ -127,6 +135,7 @@ extern "C" __global__ void rope_neox(float* x, const u32* positions, const doubl
 extern "C" __global__ void store_kv(const float* k, const float* v, u32 src_row0, float* dst_k,
                                     float* dst_v, u32 rows, u32 row_len, u32 ring, u32 n,
                                     const u32* seq_p0, u32 seq) {
+    KERNEL_PROLOGUE();
     const u64 p0 = seq_p0[seq];
     const u32 first = (ring && n > rows) ? n - rows : 0;
     GRID_STRIDE(i, (u64)(n - first) * row_len) {

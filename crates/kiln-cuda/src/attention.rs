@@ -6,7 +6,7 @@
 
 use std::sync::Mutex;
 
-use cudarc::driver::{CudaFunction, CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaSlice, DeviceRepr, LaunchConfig};
 use kiln_model::{AttnParams, ModelError, Result};
 
 use crate::gpu::{Gpu, Source};
@@ -26,10 +26,10 @@ const DECODE_WARPS: u32 = 4;
 const PREFILL_WARPS: u32 = 4;
 /// Query rows per prefill warp (`attn_prefill_e*_r4`).
 const PREFILL_ROWS: usize = 4;
-/// Fewest keys a decode split takes (two tiles of 8): a warp's keys are
+/// Fewest keys a decode split takes (a tile of 8): a warp's keys are
 /// folded one tile after another, so fewer keys per split means less
 /// latency, until the partials cost more than that saves.
-const MIN_SPLIT_KEYS: usize = 16;
+const MIN_SPLIT_KEYS: usize = 8;
 /// Decode warps to aim for over all KV heads (a few per SM on an H200).
 const DECODE_TARGET_WARPS: usize = 512;
 
@@ -94,10 +94,17 @@ fn lane_elems(head_dim: usize) -> Result<usize> {
 /// Decode geometry for a KV bucket: `(chunk, splits)` with `splits` a
 /// multiple of [`DECODE_WARPS`] and `chunk * splits` covering the widest
 /// visible range of any position in the bucket.
+///
+/// A split folds its keys a tile (8) at a time, each tile a memory round
+/// trip, and the merge reads every split's partial in turn: time grows
+/// with `span / splits` on one side and with `splits` on the other, so
+/// `splits ~ sqrt(2 span)` (4096 keys: 96 splits of 48) balances them,
+/// capped by the warps worth running at once.
 fn decode_splits(p: &AttnParams, row_groups: usize) -> (usize, usize) {
     let bucket = (p.p0 + p.n_tok).next_power_of_two();
     let span = p.window.map_or(bucket, |w| w.min(bucket)).max(1);
-    let target = (DECODE_TARGET_WARPS / (p.n_kv_head * row_groups)).max(1);
+    let cap = (DECODE_TARGET_WARPS / (p.n_kv_head * row_groups)).max(1);
+    let target = (2 * span).isqrt().clamp(1, cap);
     let chunk = span
         .div_ceil(target)
         .max(MIN_SPLIT_KEYS)

@@ -6,7 +6,7 @@
 //! here: no panic leaves this crate.
 
 use std::collections::HashMap;
-use std::ffi::{c_char, c_int, CString};
+use std::ffi::{c_char, c_int, c_void, CString};
 use std::fmt::Display;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
@@ -257,6 +257,55 @@ impl Gpu {
             .map_err(|e| cuda_err(&format!("copying {what} to the host"), e))
     }
 
+    /// Enqueues kernel `f` with `cfg` and `params` (pointers to each
+    /// argument's value, in order) as a programmatic dependent launch: it
+    /// may start while the previous kernel finishes, and waits for it in
+    /// `grid_dep_wait()` (kernels/common.cuh), which every kernel launched
+    /// this way must call before touching memory another kernel wrote.
+    /// Inside a graph this hides most of each launch's latency.
+    /// `KILN_CUDA_PDL=0` launches plainly instead.
+    ///
+    /// # Safety
+    /// `params` must match the kernel's parameters and stay valid for the
+    /// call; every buffer it touches must hold what `cfg`'s threads index.
+    pub(crate) unsafe fn launch_pdl(
+        &self,
+        f: &CudaFunction,
+        cfg: LaunchConfig,
+        params: &mut [*mut c_void],
+        what: &str,
+    ) -> Result<()> {
+        use cudarc::driver::sys;
+        Counters::bump(&self.counters.kernel_launches);
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| cuda_err(&format!("launching {what}"), e))?;
+        // SAFETY: a zeroed attribute is a valid value of the union.
+        let mut attr: sys::CUlaunchAttribute = std::mem::zeroed();
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let config = sys::CUlaunchConfig {
+            gridDimX: cfg.grid_dim.0,
+            gridDimY: cfg.grid_dim.1,
+            gridDimZ: cfg.grid_dim.2,
+            blockDimX: cfg.block_dim.0,
+            blockDimY: cfg.block_dim.1,
+            blockDimZ: cfg.block_dim.2,
+            sharedMemBytes: cfg.shared_mem_bytes,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: u32::from(pdl_enabled()),
+        };
+        sys::cuLaunchKernelEx(
+            &config,
+            f.cu_function(),
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+        .result()
+        .map_err(|e| cuda_err(&format!("launching {what}"), e))
+    }
+
     pub(crate) fn set_capturing(&self, on: bool) {
         self.capturing.store(on, Ordering::SeqCst);
     }
@@ -329,6 +378,7 @@ impl Gpu {
         let cached = cache_path(src, &self.arch)?;
         let loaded = std::fs::read(&cached)
             .ok()
+            .filter(|_| !forced_compile_failure())
             .and_then(|cubin| self.ctx.load_module(Ptx::from_binary(cubin)).ok());
         let module = match loaded {
             Some(m) => m,
@@ -347,6 +397,13 @@ impl Gpu {
         modules.insert(src.name, module.clone());
         Ok(module)
     }
+}
+
+/// `KILN_CUDA_PDL=0` turns programmatic dependent launches off (for
+/// triage and timing).
+fn pdl_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("KILN_CUDA_PDL").map_or(true, |v| v.trim() != "0"))
 }
 
 /// NVRTC options besides the architecture. Precise division and square
@@ -415,9 +472,21 @@ pub(crate) fn compile(src: &Source, arch: &str) -> Result<Vec<u8>> {
     })
 }
 
+/// `KILN_CUDA_FAIL_COMPILE=1` makes every kernel source fail to compile
+/// (an `#error` line first), bypassing the cache: for testing the paths
+/// that must survive a broken kernel.
+fn forced_compile_failure() -> bool {
+    std::env::var("KILN_CUDA_FAIL_COMPILE").is_ok_and(|v| v.trim() == "1")
+}
+
 fn compile_unguarded(src: &Source, arch: &str) -> Result<Vec<u8>> {
     let what = format!("compiling {}.cu for {arch}", src.name);
-    let text = CString::new(src.text).map_err(|e| cuda_err(&what, e))?;
+    let text = if forced_compile_failure() {
+        format!("#error forced by KILN_CUDA_FAIL_COMPILE=1\n{}", src.text)
+    } else {
+        src.text.to_string()
+    };
+    let text = CString::new(text).map_err(|e| cuda_err(&what, e))?;
     let file = CString::new(format!("{}.cu", src.name)).map_err(|e| cuda_err(&what, e))?;
     let prog = nvrtc::create_program(&text, Some(&file)).map_err(|e| cuda_err(&what, e))?;
     let mut options = vec![format!("--gpu-architecture={arch}")];

@@ -4,7 +4,7 @@
 
 use std::sync::Mutex;
 
-use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig};
 use kiln_model::{ModelError, Result, RopeConfig};
 
 use crate::gpu::{Gpu, Source};
@@ -23,14 +23,21 @@ const BLOCK: u32 = 256;
 const MAX_BLOCKS: u64 = 8192;
 
 /// Enqueues kernel `$f` with `$cfg` and arguments (each evaluated into a
-/// local that outlives the launch).
+/// local that outlives the launch) as a programmatic dependent launch
+/// (`Gpu::launch_pdl`: the kernel calls `grid_dep_wait()` first).
 macro_rules! launch {
     ($gpu:expr, $f:expr, $cfg:expr, $what:expr; $($arg:expr),* $(,)?) => {{
-        let mut builder = $gpu.stream.launch_builder($f);
-        $( let a = $arg; builder.arg(&a); )*
-        // SAFETY: the caller checked every buffer against the extents
-        // the kernel indexes, and the arguments follow its signature.
-        unsafe { $gpu.launch(&mut builder, $cfg, $what) }
+        let mut params = [std::ptr::null_mut::<std::ffi::c_void>(); 24];
+        let mut n = 0usize;
+        $(
+            let a = $arg;
+            params[n] = std::ptr::addr_of!(a) as *mut std::ffi::c_void;
+            n += 1;
+        )*
+        // SAFETY: the caller checked every buffer against the extents the
+        // kernel indexes, the arguments follow its signature, and each
+        // `a` lives until the end of this block.
+        unsafe { $gpu.launch_pdl($f, $cfg, &mut params[..n], $what) }
     }};
 }
 pub(crate) use launch;

@@ -61,13 +61,22 @@ fn pointwise_ops_match_cpu() {
     let (x, y) = (r.floats(n, 6.0), r.floats(n, 6.0));
     let got = pointwise(&c, &x, &y, n);
     let want = pointwise(&cpu(), &x, &y, n);
-    let names = [
-        "add", "scale", "gelu_mul", "softcap", "copy", "copy*a", "copy+=",
+    // The CPU's SIMD tanh is within ~1e-7 absolute, which 1 + tanh(z)
+    // amplifies for z near -4: gelu_mul of |x|, |y| <= 6 differs by up to
+    // ~2e-6 absolute between two faithful implementations.
+    let ops = [
+        ("add", 0.0),
+        ("scale", 0.0),
+        ("gelu_mul", 1e-5),
+        ("softcap", 1e-6),
+        ("copy", 0.0),
+        ("copy*a", 0.0),
+        // a + alpha * b fused (one rounding) on the GPU, two on the CPU.
+        ("copy+=", 1e-6),
     ];
-    for ((name, g), w) in names.iter().zip(&got).zip(&want) {
-        // The tails must still be NaN: compare them as bits.
+    for (((name, tol), g), w) in ops.iter().zip(&got).zip(&want) {
         assert!(g[n..].iter().all(|v| v.is_nan()), "{name} wrote past n");
-        assert_close(name, &g[..n], &w[..n], 1e-6);
+        assert_close(name, &g[..n], &w[..n], *tol);
     }
 }
 
