@@ -105,3 +105,89 @@ fn quantized_prefill_matches_cpu() {
         }
     }
 }
+
+/// One step over several sequences (a prefill chunk, decode rows, a fresh
+/// prompt) gives each the logits it gets alone, on every fixture: the
+/// per-sequence positions, cache lengths and rows the kernels read from
+/// the step.
+#[test]
+fn batched_step_matches_each_sequence_alone() {
+    if backend().is_none() {
+        return;
+    }
+    for model in fixture_models() {
+        let m = load(cuda(), &fixture(&format!("{model}/model-f32.gguf")));
+        batched_vs_alone(&m, &model);
+    }
+}
+
+fn batched_vs_alone<B: kiln_model::Backend>(m: &kiln_model::Model<B>, model: &str) {
+    use kiln_model::{BatchSeq, Output};
+    let tokens = ids(&json(&fixture(&format!("{model}/logits_seq64.json")))["input_ids"]);
+    // (tokens already cached, new tokens) per sequence; 20 cached
+    // positions pass the 16-row sliding window.
+    let plan: [(usize, usize); 4] = [(20, 1), (0, 7), (33, 5), (9, 1)];
+    let mut s = m.new_scratch(64).unwrap();
+    // Each sequence alone, and its prefix in a cache for the batched step
+    // (a ring cannot be rewound, so one cache each).
+    let mut alone = Vec::new();
+    let mut caches = Vec::new();
+    for &(p, n) in &plan {
+        let (mut solo, mut batched) = (m.new_cache().unwrap(), m.new_cache().unwrap());
+        let mut out = Vec::new();
+        if p > 0 {
+            m.forward(
+                &tokens[..p],
+                &mut solo,
+                &mut s,
+                Output::LastLogits,
+                &mut out,
+            )
+            .unwrap();
+            m.forward(
+                &tokens[..p],
+                &mut batched,
+                &mut s,
+                Output::LastLogits,
+                &mut out,
+            )
+            .unwrap();
+        }
+        m.forward(
+            &tokens[p..p + n],
+            &mut solo,
+            &mut s,
+            Output::AllLogits,
+            &mut out,
+        )
+        .unwrap();
+        alone.push(out);
+        caches.push(batched);
+    }
+    let mut outs: Vec<Vec<f32>> = plan.iter().map(|_| Vec::new()).collect();
+    let mut seqs: Vec<BatchSeq<'_, B>> = caches
+        .iter_mut()
+        .zip(outs.iter_mut())
+        .zip(&plan)
+        .map(|((cache, out), &(p, n))| BatchSeq {
+            tokens: &tokens[p..p + n],
+            cache,
+            output: Output::AllLogits,
+            out,
+        })
+        .collect();
+    let results = m.forward_batch(&mut seqs, &mut s).unwrap();
+    drop(seqs);
+    for (i, (r, (got, want))) in results.iter().zip(outs.iter().zip(&alone)).enumerate() {
+        assert!(r.is_ok(), "{model} sequence {i}: {r:?}");
+        let (d, mx) = max_diff(got, want);
+        assert!(
+            d <= 1e-5 * mx.max(1.0),
+            "{model} sequence {i}: batched vs alone max|d| {d}"
+        );
+    }
+    println!(
+        "{model}: a step of {} sequences equals each alone",
+        plan.len()
+    );
+}
