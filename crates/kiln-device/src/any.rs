@@ -14,7 +14,8 @@ use kiln_model::{
 
 pub enum AnyBackend {
     Cpu(CpuBackend),
-    Cuda(CudaBackend),
+    /// Boxed: the CUDA backend's handles are large, the CPU's two pointers.
+    Cuda(Box<CudaBackend>),
 }
 
 impl AnyBackend {

@@ -95,7 +95,7 @@ impl Device {
 fn cuda(b: CudaBackend, n: usize) -> Opened {
     let description = format!("device: CUDA {n} ({})", b.device_name());
     Opened {
-        backend: AnyBackend::Cuda(b),
+        backend: AnyBackend::Cuda(Box::new(b)),
         description,
     }
 }
