@@ -26,6 +26,7 @@ pub mod stop;
 
 pub use chat::{ChatFormat, ChatMessage, ChatOptions, ChatTemplate};
 pub use error::{Result, RuntimeError};
+pub use kiln_device::{AnyBackend, Device};
 pub use perplexity::{perplexity, PerplexityResult};
 pub use rng::Rng;
 pub use sampling::{argmax, Candidate, Sampler, SamplingParams};

@@ -13,7 +13,7 @@ fn tiny_gguf() -> Gguf {
     Gguf::open(kiln_testdata::fixture("gemma3-tiny/model-f32.gguf")).unwrap()
 }
 
-fn session(opts: SessionOptions) -> Session {
+fn session(opts: SessionOptions) -> Session<CpuBackend> {
     Session::with_backend(CpuBackend::new(), Arc::new(tiny_gguf()), opts).unwrap()
 }
 

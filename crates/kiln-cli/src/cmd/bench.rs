@@ -112,7 +112,8 @@ struct Line<'a> {
     model_size: u64,
     model_params: u64,
     backend: &'static str,
-    isa: &'static str,
+    /// The CPU kernels' instruction set, or the GPU's name.
+    isa: &'a str,
 }
 
 /// What the table's model columns show.
@@ -244,6 +245,7 @@ pub fn run(a: Args) -> Result<()> {
         bail!("nothing to benchmark: -p and -n are both 0");
     }
     let (mut session, _, load) = a.model.load(false)?;
+    let detail = session.backend().detail();
     let info = ModelInfo::read(session.gguf());
     let threads = a.model.thread_count();
     let max_ctx = session.options().max_context;
@@ -310,18 +312,19 @@ pub fn run(a: Args) -> Result<()> {
                 model: &info.name,
                 model_size: info.size,
                 model_params: info.params,
-                backend: "CPU",
-                isa: kiln_cpu::Isa::detect().name(),
+                backend: session.backend().kind(),
+                isa: &detail,
             };
             serde_json::to_writer(&mut out, &line)?;
             writeln!(out)?;
         } else {
             writeln!(
                 out,
-                "| {} | {} | {} | CPU | {threads} | {} | {avg:.2} ± {sd:.2} |",
+                "| {} | {} | {} | {} | {threads} | {} | {avg:.2} ± {sd:.2} |",
                 info.name,
                 fmt_bytes(info.size),
                 fmt_count(info.params),
+                session.backend().kind(),
                 t.name()
             )?;
         }
@@ -331,9 +334,9 @@ pub fn run(a: Args) -> Result<()> {
         let rss = peak_rss_bytes().map_or_else(|| "unknown".to_string(), fmt_bytes);
         writeln!(
             out,
-            "\nload: {:.2} s, peak RSS: {rss}, CPU kernels: {}",
+            "\nload: {:.2} s, peak RSS: {rss}, {} kernels: {detail}",
             load.as_secs_f64(),
-            kiln_cpu::Isa::detect()
+            session.backend().kind(),
         )?;
     }
     out.flush()?;

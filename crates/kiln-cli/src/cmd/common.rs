@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use kiln_runtime::{
-    FinishReason, Generation, RuntimeError, SamplingParams, Session, SessionOptions, Truncation,
+    Device, FinishReason, Generation, RuntimeError, SamplingParams, Session, SessionOptions,
+    Truncation,
 };
 
 use crate::model_path;
@@ -37,6 +38,11 @@ pub struct ModelArgs {
     /// Maximum context in tokens (default: the model's own; capped by it).
     #[arg(long, value_name = "TOKENS", value_parser = clap::value_parser!(u32).range(1..))]
     pub ctx: Option<u32>,
+    /// What runs the model: cpu, cuda (GPU 0), cuda:N, or auto (a CUDA GPU
+    /// when a driver and a GPU are present, else the CPU). The choice is
+    /// printed on stderr.
+    #[arg(long, value_name = "DEVICE", default_value = "auto")]
+    pub device: Device,
 }
 
 impl ModelArgs {
@@ -50,6 +56,7 @@ impl ModelArgs {
             } else {
                 Truncation::Error
             },
+            device: self.device,
             ..SessionOptions::default()
         }
     }
@@ -76,6 +83,7 @@ impl ModelArgs {
         let elapsed = t0.elapsed();
         spinner.finish();
         let session = session.with_context(|| path.display().to_string())?;
+        eprintln!("{}", session.device());
         Ok((session, path, elapsed))
     }
 }

@@ -6,11 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use kiln_cpu::CpuBackend;
 use kiln_gguf::Gguf;
 use kiln_model::Model;
 use kiln_runtime::engine::{Engine, EngineConfig};
-use kiln_runtime::ChatTemplate;
+use kiln_runtime::{AnyBackend, ChatTemplate};
 use kiln_server::request::Limits;
 use kiln_server::{AppState, ServerMetrics, DEFAULT_MAX_BODY_BYTES};
 use kiln_tokenizer::Tokenizer;
@@ -71,31 +70,6 @@ pub struct Args {
     /// Largest request body in bytes; larger ones get 413.
     #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_BODY_BYTES)]
     pub max_body: usize,
-    /// Device to run on: cpu, cuda, cuda:N or auto (only cpu is available
-    /// in this build; auto picks it).
-    #[arg(long, value_name = "DEVICE", default_value = "auto", value_parser = parse_device)]
-    pub device: Device,
-}
-
-/// A `--device` value.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Device {
-    Auto,
-    Cpu,
-    Cuda(usize),
-}
-
-fn parse_device(s: &str) -> std::result::Result<Device, String> {
-    match s {
-        "auto" => Ok(Device::Auto),
-        "cpu" => Ok(Device::Cpu),
-        "cuda" => Ok(Device::Cuda(0)),
-        _ => s
-            .strip_prefix("cuda:")
-            .and_then(|n| n.parse().ok())
-            .map(Device::Cuda)
-            .ok_or_else(|| format!("{s:?}: expected cpu, cuda, cuda:N or auto")),
-    }
 }
 
 /// `512M`, `2G`, `1GiB`, `64k`, or bytes; K/M/G are powers of 1024.
@@ -130,10 +104,6 @@ fn model_id(path: &Path) -> String {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    // The device hook: CUDA selection lands with the CUDA backend.
-    if let Device::Cuda(n) = a.device {
-        bail!("--device cuda:{n}: this build has no CUDA backend; use --device cpu");
-    }
     let path = model_path::resolve(a.model.model.clone())?;
     let gguf = Arc::new(Gguf::open(&path).with_context(|| path.display().to_string())?);
     let tokenizer =
@@ -148,8 +118,11 @@ pub fn run(a: Args) -> Result<()> {
         step_tokens: a.step_tokens.map_or(0, |n| n as usize),
     };
     let load_gguf = gguf.clone();
-    let load = move || -> std::result::Result<Model<CpuBackend>, Box<dyn std::error::Error + Send + Sync>> {
-        Ok(Model::load(CpuBackend::with_threads(threads), load_gguf)?)
+    let device = a.model.device;
+    let load = move || -> std::result::Result<Model<AnyBackend>, Box<dyn std::error::Error + Send + Sync>> {
+        let opened = device.open(threads)?;
+        eprintln!("kiln serve: {}", opened.description);
+        Ok(Model::load(opened.backend, load_gguf)?)
     };
 
     tracing_subscriber::fmt()

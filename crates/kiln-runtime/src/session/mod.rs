@@ -37,7 +37,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use kiln_cpu::CpuBackend;
+use kiln_device::AnyBackend;
 use kiln_gguf::Gguf;
 use kiln_model::{env_flag, Backend, Model, ModelConfig, Output};
 use kiln_tokenizer::{StreamDecoder, Tokenizer};
@@ -72,7 +72,7 @@ pub use types::*;
 /// println!("\n{:.1} tok/s", out.stats.decode_tokens_per_s());
 /// # Ok::<(), kiln_runtime::RuntimeError>(())
 /// ```
-pub struct Session<B: Backend = CpuBackend> {
+pub struct Session<B: Backend = AnyBackend> {
     runner: Runner<B>,
     tokenizer: Tokenizer,
     chat: std::result::Result<ChatTemplate, String>,
@@ -80,14 +80,20 @@ pub struct Session<B: Backend = CpuBackend> {
     opts: SessionOptions,
     /// `KILN_TOP5`: print the top-5 logits of every generation step.
     top5: bool,
+    /// What runs the model, for the user (`device: ...`).
+    device: String,
 }
 
-impl Session<CpuBackend> {
-    /// Opens a GGUF file and prepares a CPU session.
+impl Session<AnyBackend> {
+    /// Opens a GGUF file and prepares a session on `opts.device` (by
+    /// default a CUDA GPU when there is one, else the CPU; see
+    /// [`Session::device`]).
     pub fn load(path: impl AsRef<Path>, opts: SessionOptions) -> Result<Self> {
         let t0 = Instant::now();
         let gguf = Arc::new(Gguf::open(path)?);
-        let s = Session::with_backend(CpuBackend::new(), gguf, opts)?;
+        let opened = opts.device.open(opts.threads)?;
+        let mut s = Session::with_backend(opened.backend, gguf, opts)?;
+        s.device = opened.description;
         if s.runner.trace_timing {
             eprintln!(
                 "[kiln timing] load: {:.1} ms",
@@ -113,6 +119,7 @@ impl<B: Backend> Session<B> {
         ModelConfig::from_gguf(&gguf)?;
         let tokenizer = Tokenizer::from_gguf(&gguf)?;
         let chat = ChatTemplate::from_gguf(&gguf).map_err(|e| e.to_string());
+        let device = format!("device: {}", backend.name());
         let model = Model::load(backend, gguf)?;
         let ctx = model.config.context_length;
         opts.max_context = if opts.max_context == 0 {
@@ -158,7 +165,19 @@ impl<B: Backend> Session<B> {
             eog,
             opts,
             top5: env_flag("KILN_TOP5"),
+            device,
         })
+    }
+
+    /// What runs the model and why it was picked, one line for stderr
+    /// (e.g. `device: CPU (cpu avx512vnni) — no CUDA GPU found`).
+    pub fn device(&self) -> &str {
+        &self.device
+    }
+
+    /// The backend the model runs on.
+    pub fn backend(&self) -> &B {
+        self.runner.model.backend()
     }
 
     /// The model's configuration.

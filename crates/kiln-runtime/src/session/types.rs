@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use kiln_device::Device;
+
 /// What to do with a prompt that does not fit the context.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Truncation {
@@ -28,6 +30,11 @@ pub struct SessionOptions {
     pub max_prefill: usize,
     /// Policy for prompts longer than the context.
     pub truncation: Truncation,
+    /// What runs the model ([`Session::load`]; `with_backend` takes the
+    /// backend given).
+    ///
+    /// [`Session::load`]: crate::Session::load
+    pub device: Device,
 }
 
 impl Default for SessionOptions {
@@ -37,6 +44,7 @@ impl Default for SessionOptions {
             max_context: 0,
             max_prefill: 512,
             truncation: Truncation::Error,
+            device: Device::Auto,
         }
     }
 }
