@@ -134,7 +134,7 @@ pub fn run(a: Args) -> Result<()> {
     if let Device::Cuda(n) = a.device {
         bail!("--device cuda:{n}: this build has no CUDA backend; use --device cpu");
     }
-    let path = model_path::resolve(a.model.model.clone())?;
+    let path = model_path::resolve(a.model.model.clone(), &a.model.hf)?;
     let gguf = Arc::new(Gguf::open(&path).with_context(|| path.display().to_string())?);
     let tokenizer =
         Arc::new(Tokenizer::from_gguf(&gguf).with_context(|| path.display().to_string())?);
