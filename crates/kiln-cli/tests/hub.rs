@@ -56,17 +56,20 @@ fn split_repo() -> Vec<HubFile> {
 }
 
 /// `kiln ARGS` with the Hub at `endpoint` and the cache in `cache`.
-fn kiln(cache: &Path, endpoint: &str, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args(args)
+fn kiln_cmd(cache: &Path, endpoint: &str, args: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_kiln"));
+    cmd.args(args)
         .env("KILN_CACHE_DIR", cache)
         .env("HF_ENDPOINT", endpoint)
         .env_remove("HF_HUB_CACHE")
         .env_remove("HF_HUB_OFFLINE")
         .env_remove("HF_TOKEN")
-        .env_remove("KILN_MODEL")
-        .output()
-        .expect("run kiln")
+        .env_remove("KILN_MODEL");
+    cmd
+}
+
+fn kiln(cache: &Path, endpoint: &str, args: &[&str]) -> Output {
+    kiln_cmd(cache, endpoint, args).output().expect("run kiln")
 }
 
 fn ok(out: Output) -> (String, String) {
@@ -135,6 +138,29 @@ fn run_hf_as_file(cache: &Path, endpoint: &str, hf: &str, fixture: &str) -> serd
     run_ids(&local)
 }
 
+/// `kiln chat ARGS -n 4 --temp 0` answering two lines; its stdout.
+fn chat(cache: &Path, endpoint: &str, args: &[&str]) -> String {
+    use std::io::Write;
+    use std::process::Stdio;
+    let mut cmd = kiln_cmd(
+        cache,
+        endpoint,
+        &[&["chat", "-n", "4", "--temp", "0"], args].concat(),
+    );
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"Hi!\nAnd again?\n").unwrap();
+    drop(stdin);
+    let (stdout, _) = ok(child.wait_with_output().unwrap());
+    assert!(!stdout.trim().is_empty());
+    stdout
+}
+
 #[test]
 fn pull_picks_verifies_caches_and_runs_offline() {
     let cache = TempDir::new("hub-pull");
@@ -180,6 +206,12 @@ fn pull_picks_verifies_caches_and_runs_offline() {
         &["tokenize", "-hf", &hf, "Hello"],
     ));
     assert!(!tok.trim().is_empty());
+    // `chat` renders the GGUF's own template, with no flags.
+    let f16 = kiln_testdata::fixture("gemma3-tiny/model-f16.gguf");
+    assert_eq!(
+        chat(&cache.0, &endpoint, &["-hf", &hf]),
+        chat(&cache.0, &endpoint, &["-m", f16.to_str().unwrap()])
+    );
 
     // `kiln list` shows both, with sizes; `kiln rm` removes one.
     let (list, _) = ok(kiln(&cache.0, &endpoint, &["list"]));
@@ -229,6 +261,8 @@ fn a_cut_download_resumes_with_a_range() {
         .filter_map(|s| s.range)
         .collect();
     assert_eq!(ranges, [format!("bytes={half}-")]);
+    let (_, stderr) = pull_f32();
+    assert!(stderr.contains("already in the cache"), "{stderr}");
 
     // A partial file left by an earlier run (killed halfway) resumes too.
     ok(kiln(&cache.0, &hub.endpoint, &["rm", TINY]));
@@ -315,15 +349,10 @@ fn errors_users_meet_are_one_clear_line() {
 
     // The token goes to the Hub, never to the file host.
     let before = hub.seen().len();
-    let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args(["pull", TINY])
-        .env("KILN_CACHE_DIR", &cache.0)
-        .env("HF_ENDPOINT", e)
+    ok(kiln_cmd(&cache.0, e, &["pull", TINY])
         .env("HF_TOKEN", "hf_secret")
-        .env_remove("HF_HUB_CACHE")
         .output()
-        .unwrap();
-    ok(out);
+        .unwrap());
     let seen = hub.seen().split_off(before);
     assert!(seen
         .iter()
@@ -344,13 +373,11 @@ fn errors_users_meet_are_one_clear_line() {
         "cannot reach http://127.0.0.1:",
     );
     // Offline mode answers from the cache or says it cannot.
-    let mut offline = Command::new(env!("CARGO_BIN_EXE_kiln"));
-    offline
-        .args(["pull", "kiln-test/other"])
-        .env("KILN_CACHE_DIR", &cache.0)
-        .env("HF_HUB_OFFLINE", "1")
-        .env_remove("HF_HUB_CACHE");
-    fails(offline.output().unwrap(), "HF_HUB_OFFLINE is set");
+    let mut offline = kiln_cmd(&cache.0, e, &["pull", "kiln-test/other"]);
+    fails(
+        offline.env("HF_HUB_OFFLINE", "1").output().unwrap(),
+        "HF_HUB_OFFLINE is set",
+    );
     // A bad spec is a usage error.
     let out = kiln(&cache.0, e, &["pull", "a/b/c"]);
     assert_eq!(out.status.code(), Some(2));

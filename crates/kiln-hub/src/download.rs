@@ -47,22 +47,23 @@ pub(crate) struct Job<'a> {
     pub meta: &'a FileMeta,
 }
 
-/// Makes sure `blobs/ETAG` holds the whole, verified file.
+/// Makes sure `blobs/ETAG` holds the whole, verified file; false when it
+/// already did.
 pub(crate) fn fetch(
     client: &Client,
     cache: &Cache,
     job: &Job,
     progress: &mut dyn Progress,
-) -> Result<()> {
+) -> Result<bool> {
     let blob = cache.blob(job.repo, &job.meta.etag);
     if complete(&blob, job.meta.size) {
-        return Ok(());
+        return Ok(false);
     }
     let lock_path = cache.lock_file(job.repo, &job.meta.etag);
     let _lock = lock(&lock_path, job.file, progress)?;
     // Another process may have finished it while we waited.
     if complete(&blob, job.meta.size) {
-        return Ok(());
+        return Ok(false);
     }
     let part = cache.incomplete(job.repo, &job.meta.etag);
     let dir = part.parent().expect("blobs folder");
@@ -82,7 +83,7 @@ pub(crate) fn fetch(
     }
     std::fs::rename(&part, &blob).map_err(|e| HubError::io(&blob, e))?;
     progress.finish();
-    Ok(())
+    Ok(true)
 }
 
 fn complete(blob: &Path, size: u64) -> bool {

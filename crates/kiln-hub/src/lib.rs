@@ -93,7 +93,9 @@ impl Hub {
                 url: &url,
                 meta: &meta,
             };
-            download::fetch(&self.client, &self.cache, &job, progress)?;
+            if !download::fetch(&self.client, &self.cache, &job, progress)? {
+                progress.note(&format!("{}: already in the cache", f.path));
+            }
             let link = self
                 .cache
                 .link(repo, &listing.commit, &f.path, &meta.etag)?;
