@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod cmd;
+mod download;
 mod model_path;
 
 #[derive(Parser)]
@@ -17,7 +18,9 @@ mod model_path;
     long_about = "Kiln: Gemma 2/3/4 inference on GGUF models.\n\n\
         MODEL arguments default to $KILN_MODEL, else \
         $KILN_CACHE_DIR/gemma-3-270m-q4_k_m.gguf (cache default ~/.cache/kiln), \
-        which scripts/fetch-test-data downloads.",
+        which scripts/fetch-model downloads. -hf REPO[:QUANT] (also --hf) runs \
+        a model of the Hugging Face Hub instead: downloaded into the cache on \
+        first use (see `kiln pull --help`), offline after.",
     after_long_help = cmd::common::ENV_HELP
 )]
 struct Cli {
@@ -37,10 +40,13 @@ enum Command {
     Bench(cmd::bench::Args),
     Serve(cmd::serve::Args),
     Synth(cmd::synth::Args),
+    Pull(cmd::models::PullArgs),
+    List(cmd::models::ListArgs),
+    Rm(cmd::models::RmArgs),
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(model_path::normalize_args(std::env::args_os()));
     let result = match cli.command {
         Command::Inspect(a) => cmd::inspect::run(a),
         Command::Tokenize(a) => cmd::tokenize::run(a),
@@ -52,6 +58,9 @@ fn main() -> ExitCode {
         Command::Bench(a) => cmd::bench::run(a),
         Command::Serve(a) => cmd::serve::run(a),
         Command::Synth(a) => cmd::synth::run(a),
+        Command::Pull(a) => cmd::models::pull(a),
+        Command::List(a) => cmd::models::list(a),
+        Command::Rm(a) => cmd::models::rm(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -88,7 +88,7 @@ fn missing_files_and_models_are_errors() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1));
     assert!(
-        stderr.contains("/nonexistent/default.gguf is missing: run scripts/fetch-test-data"),
+        stderr.contains("/nonexistent/default.gguf is missing: run scripts/fetch-model"),
         "{stderr}"
     );
     let empty = TempDir::new("cache");
@@ -100,7 +100,7 @@ fn missing_files_and_models_are_errors() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("gemma-3-270m-q4_k_m.gguf is missing: run scripts/fetch-test-data"),
+        stderr.contains("gemma-3-270m-q4_k_m.gguf is missing: run scripts/fetch-model"),
         "{stderr}"
     );
 }

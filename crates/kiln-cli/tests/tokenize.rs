@@ -127,7 +127,9 @@ fn usage_errors_and_help() {
         "tokenize",
         "detokenize",
         "KILN_MODEL",
-        "scripts/fetch-test-data",
+        "scripts/fetch-model",
+        "pull",
+        "-hf REPO[:QUANT]",
     ] {
         assert!(help.contains(cmd), "{help}");
     }

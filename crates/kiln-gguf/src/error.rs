@@ -101,6 +101,20 @@ pub enum GgufError {
     },
     #[error("tensor {0:?} not found")]
     MissingTensor(String),
+    #[error("{path} is part {no} of a {count}-part split model: open the first part (NAME-00001-of-{count:05}.gguf)")]
+    SplitNotFirst { path: PathBuf, no: u64, count: u64 },
+    #[error("{path} is the first of {count} split parts but its name does not end in -00001-of-{count:05}.gguf, so the other parts cannot be found")]
+    SplitName { path: PathBuf, count: u64 },
+    #[error("split model part {no} of {count} is missing: {path}")]
+    SplitPartMissing { path: PathBuf, no: u64, count: u64 },
+    #[error("split model part {path}: {problem}")]
+    SplitMismatch { path: PathBuf, problem: String },
+    #[error("split model part {path}")]
+    InPart {
+        path: PathBuf,
+        #[source]
+        source: Box<GgufError>,
+    },
 }
 
 /// A type name carried by errors (keeps the error `'static`).

@@ -89,21 +89,30 @@ impl<'a> TensorView<'a> {
     }
 }
 
-/// A parsed GGUF file.
+/// One file of a model: its bytes and where its data section starts.
+pub(crate) struct Part {
+    pub(crate) backing: Arc<Backing>,
+    pub(crate) data_start: u64,
+}
+
+/// A parsed GGUF model: one file, or the parts of a split model joined
+/// (metadata from the first part, tensors from all; see `split.rs`).
 pub struct Gguf {
-    backing: Arc<Backing>,
+    pub(crate) parts: Vec<Part>,
     version: u32,
     alignment: u64,
-    data_start: u64,
     metadata: Vec<(String, Value)>,
     meta_index: HashMap<String, usize>,
-    tensors: Vec<TensorInfo>,
-    tensor_index: HashMap<String, usize>,
+    pub(crate) tensors: Vec<TensorInfo>,
+    pub(crate) tensor_index: HashMap<String, usize>,
+    /// The index in `parts` of each tensor's file.
+    pub(crate) tensor_part: Vec<usize>,
 }
 
 impl std::fmt::Debug for Gguf {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Gguf")
+            .field("parts", &self.parts.len())
             .field("version", &self.version)
             .field("metadata", &self.metadata.len())
             .field("tensors", &self.tensors.len())
@@ -456,9 +465,16 @@ fn check_data_section(tensors: &[TensorInfo], data_start: u64, file_len: u64) ->
 }
 
 impl Gguf {
-    /// Memory-map and parse a GGUF file.
+    /// Memory-map and parse a GGUF file. The first part of a split model
+    /// (`NAME-00001-of-0000N.gguf`, as llama.cpp's gguf-split writes) opens
+    /// every part beside it as one model.
     pub fn open(path: impl AsRef<Path>) -> Result<Gguf> {
         let path = path.as_ref();
+        crate::split::join(Self::open_file(path)?, path)
+    }
+
+    /// Memory-map and parse one file (a split model's part stays a part).
+    pub(crate) fn open_file(path: &Path) -> Result<Gguf> {
         let io = |source| GgufError::Io {
             path: path.to_path_buf(),
             source,
@@ -532,12 +548,15 @@ impl Gguf {
         check_data_section(&tensors, data_start, buf.len() as u64)?;
 
         Ok(Gguf {
-            backing,
+            parts: vec![Part {
+                backing,
+                data_start,
+            }],
             version,
             alignment,
-            data_start,
             metadata,
             meta_index,
+            tensor_part: vec![0; tensors.len()],
             tensors,
             tensor_index,
         })
@@ -551,13 +570,22 @@ impl Gguf {
         self.alignment
     }
 
-    /// File offset where tensor data begins.
+    /// File offset where tensor data begins (in the first part).
     pub fn data_start(&self) -> u64 {
-        self.data_start
+        self.parts[0].data_start
     }
 
+    /// Bytes of the file, or of all parts of a split model.
     pub fn file_len(&self) -> u64 {
-        self.backing.bytes().len() as u64
+        self.parts
+            .iter()
+            .map(|p| p.backing.bytes().len() as u64)
+            .sum()
+    }
+
+    /// How many files the model was read from (1 unless split).
+    pub fn n_parts(&self) -> usize {
+        self.parts.len()
     }
 
     /// All metadata in file order.
@@ -674,9 +702,11 @@ impl Gguf {
 
     /// A view of a tensor's bytes, or None when the file has no such tensor.
     pub fn tensor(&self, name: &str) -> Option<TensorView<'_>> {
-        let info = self.tensor_info(name)?;
-        let start = (self.data_start + info.offset) as usize;
-        let data = &self.backing.bytes()[start..start + info.n_bytes as usize];
+        let i = *self.tensor_index.get(name)?;
+        let info = &self.tensors[i];
+        let part = &self.parts[self.tensor_part[i]];
+        let start = (part.data_start + info.offset) as usize;
+        let data = &part.backing.bytes()[start..start + info.n_bytes as usize];
         Some(TensorView { info, data })
     }
 

@@ -54,6 +54,8 @@ pub enum WriteError {
     },
     #[error("duplicate tensor name {0:?}")]
     DuplicateTensor(String),
+    #[error("cannot split {tensors} tensors into {parts} parts (1 to min(tensors, 65535))")]
+    Split { tensors: usize, parts: usize },
 }
 
 /// Where each part of a written file starts (byte offsets from the start
@@ -267,6 +269,49 @@ impl<'a> GgufWriter<'a> {
         }
         layout.len = out.len() as u64;
         Ok((out, layout))
+    }
+}
+
+impl GgufWriter<'_> {
+    /// The file split into `n` parts as llama.cpp's gguf-split writes one:
+    /// consecutive runs of about equal tensor counts; the first part holds
+    /// all metadata, every part `split.no` (u16, 0-based), `split.count`
+    /// (u16) and `split.tensors.count` (i32). Name part `i` with
+    /// [`crate::split_file_name`] so that [`Gguf::open`] finds them all.
+    pub fn to_split_bytes(&self, n: usize) -> Result<Vec<Vec<u8>>, WriteError> {
+        let total = self.tensors.len();
+        if n == 0 || n > total || n > u16::MAX as usize || total > i32::MAX as usize {
+            return Err(WriteError::Split {
+                tensors: total,
+                parts: n,
+            });
+        }
+        let alignment = self.effective_alignment()?;
+        (0..n)
+            .map(|no| {
+                let mut w = GgufWriter {
+                    version: self.version,
+                    metadata: if no == 0 {
+                        self.metadata.clone()
+                    } else {
+                        vec![("general.alignment".into(), Value::U32(alignment as u32))]
+                    },
+                    tensors: Vec::new(),
+                };
+                w.metadata(crate::split::KEY_NO, Value::U16(no as u16))
+                    .metadata(crate::split::KEY_COUNT, Value::U16(n as u16))
+                    .metadata(crate::split::KEY_TENSORS, Value::I32(total as i32));
+                for t in &self.tensors[no * total / n..(no + 1) * total / n] {
+                    w.tensors.push(PendingTensor {
+                        name: t.name.clone(),
+                        dims: t.dims.clone(),
+                        ty: t.ty,
+                        data: Cow::Borrowed(&t.data),
+                    });
+                }
+                w.to_bytes()
+            })
+            .collect()
     }
 }
 

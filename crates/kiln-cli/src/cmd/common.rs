@@ -20,7 +20,8 @@ use crate::model_path;
 /// the `--help` of every command that runs the model.
 pub const ENV_HELP: &str = "\
 Environment (debug aids, read when the model is loaded):
-  KILN_MODEL=PATH        default model file when -m is not given
+  KILN_MODEL=PATH        default model file when neither -m nor -hf is given
+  HF_ENDPOINT, HF_TOKEN  the Hub -hf downloads from, and its token (see `kiln pull --help`)
   KILN_TRACE_TIMING=1    stderr lines with load time, every prefill chunk and a decode summary
   KILN_TOP5=1            stderr: top-5 (id, logit) of every generation step (greedy then computes full logits)
   KILN_DUMP_LAYER0=1     stderr: layer-0 stage statistics of every forward call";
@@ -32,6 +33,8 @@ pub struct ModelArgs {
     /// gemma-3-270m-q4_k_m.gguf in $KILN_CACHE_DIR or ~/.cache/kiln).
     #[arg(short = 'm', long = "model", value_name = "MODEL")]
     pub model: Option<PathBuf>,
+    #[command(flatten)]
+    pub hf: crate::model_path::HfArg,
     /// Worker threads for the CPU kernels (default: all cores).
     #[arg(short = 't', long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub threads: Option<u32>,
@@ -72,7 +75,7 @@ impl ModelArgs {
     /// Resolves the model path and loads a session, with a spinner on a
     /// terminal. Returns the session, its path and the load time.
     pub fn load(&self, truncate: bool) -> Result<(Session, PathBuf, Duration)> {
-        let path = model_path::resolve(self.model.clone())?;
+        let path = model_path::resolve(self.model.clone(), &self.hf)?;
         let name = path.file_name().map_or_else(
             || path.display().to_string(),
             |n| n.to_string_lossy().into_owned(),

@@ -17,6 +17,8 @@ pub struct Args {
     /// GGUF model whose tokenizer to use (default: see `kiln --help`).
     #[arg(short = 'm', long = "model", value_name = "MODEL")]
     pub model: Option<PathBuf>,
+    #[command(flatten)]
+    pub hf: crate::model_path::HfArg,
     /// Render control tokens as their text (`<bos>`, `<end_of_turn>`).
     #[arg(long)]
     pub special: bool,
@@ -38,7 +40,7 @@ fn parse_ids(args: &[String]) -> Result<Vec<u32>> {
 
 pub fn run(a: Args) -> Result<()> {
     let ids = parse_ids(&a.ids)?;
-    let tok = tokenize::load(a.model)?;
+    let tok = tokenize::load(a.model, &a.hf)?;
     let opts = DecodeOptions {
         remove_special: false,
         unparse_special: a.special,

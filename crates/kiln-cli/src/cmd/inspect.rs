@@ -27,6 +27,8 @@ pub struct Args {
     /// The GGUF file (default: see `kiln --help`).
     #[arg(value_name = "MODEL")]
     pub model: Option<PathBuf>,
+    #[command(flatten)]
+    pub hf: crate::model_path::HfArg,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -49,7 +51,7 @@ fn tensor_stats(g: &Gguf) -> BTreeMap<&'static str, TypeStats> {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let (path, g) = model_path::open(a.model)?;
+    let (path, g) = model_path::open(a.model, &a.hf)?;
     let config =
         ModelConfig::from_gguf(&g).with_context(|| format!("{}: model config", path.display()));
     let mut out = std::io::stdout().lock();

@@ -6,6 +6,7 @@ pub mod common;
 pub mod detokenize;
 pub mod inspect;
 pub mod logits;
+pub mod models;
 pub mod perplexity;
 pub mod run;
 pub mod serve;

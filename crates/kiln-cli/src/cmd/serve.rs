@@ -104,7 +104,7 @@ fn model_id(path: &Path) -> String {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let path = model_path::resolve(a.model.model.clone())?;
+    let path = model_path::resolve(a.model.model.clone(), &a.model.hf)?;
     let gguf = Arc::new(Gguf::open(&path).with_context(|| path.display().to_string())?);
     let tokenizer =
         Arc::new(Tokenizer::from_gguf(&gguf).with_context(|| path.display().to_string())?);

@@ -18,6 +18,8 @@ pub struct Args {
     /// GGUF model whose tokenizer to use (default: see `kiln --help`).
     #[arg(short = 'm', long = "model", value_name = "MODEL")]
     pub model: Option<PathBuf>,
+    #[command(flatten)]
+    pub hf: crate::model_path::HfArg,
     /// Do not prepend BOS.
     #[arg(long)]
     pub no_bos: bool,
@@ -66,14 +68,14 @@ fn os_bytes(s: std::ffi::OsString) -> Vec<u8> {
 }
 
 /// Builds the tokenizer of the resolved model.
-pub fn load(model: Option<PathBuf>) -> Result<Tokenizer> {
-    let (path, g) = model_path::open(model)?;
+pub fn load(model: Option<PathBuf>, hf: &crate::model_path::HfArg) -> Result<Tokenizer> {
+    let (path, g) = model_path::open(model, hf)?;
     Tokenizer::from_gguf(&g).with_context(|| format!("{}: tokenizer", path.display()))
 }
 
 pub fn run(a: Args) -> Result<()> {
     let text = input(&a)?;
-    let tok = load(a.model.clone())?;
+    let tok = load(a.model.clone(), &a.hf)?;
     let ids = tok.encode(&text, !a.no_bos, a.special);
     let mut out = std::io::stdout().lock();
     if a.json {
