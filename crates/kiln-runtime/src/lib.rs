@@ -3,6 +3,7 @@
 //! - [`sampling`]: [`SamplingParams`] and the seeded [`Sampler`].
 //! - [`stop`]: [`StopMatcher`], stop strings on streamed text.
 //! - [`chat`]: rendering a conversation into a prompt.
+//! - [`constrain`]: JSON schema / grammar / regex constraints as token masks.
 //! - [`bucket`]: prefill buckets, the decode ladder, the plan LRU.
 //! - [`session`]: [`Session`], load a GGUF and generate.
 //! - [`engine`]: continuous batching of many sequences (`kiln serve`).
@@ -16,6 +17,7 @@
 
 pub mod bucket;
 pub mod chat;
+pub mod constrain;
 pub mod engine;
 pub mod error;
 pub mod perplexity;

@@ -74,6 +74,7 @@ async fn generate(st: Arc<AppState>, body: Body, endpoint: Endpoint) -> Result<R
         params: req.params.clone(),
         n: req.n,
         logprobs: req.logprobs,
+        constraint: None,
     };
     let rx = st.engine.submit(Job::Generate(job))?;
     let header = Header::new(endpoint, &st.model_id);
