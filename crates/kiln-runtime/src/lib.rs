@@ -8,6 +8,7 @@
 //! - [`session`]: [`Session`], load a GGUF and generate.
 //! - [`engine`]: continuous batching of many sequences (`kiln serve`).
 //! - [`perplexity`]: llama-perplexity's chunked PPL.
+//! - [`tools`]: tool calls and thinking in replies (Gemma 4 syntax, parsing).
 //!
 //! ```
 //! use kiln_runtime::{Sampler, SamplingParams};
@@ -25,6 +26,7 @@ pub mod rng;
 pub mod sampling;
 pub mod session;
 pub mod stop;
+pub mod tools;
 
 pub use chat::{ChatFormat, ChatMessage, ChatOptions, ChatTemplate};
 pub use error::{Result, RuntimeError};

@@ -56,7 +56,7 @@ pub enum ConstraintSpec {
 }
 
 /// The compact JSON layout (see the module docs).
-fn compact_json_options() -> Value {
+pub(crate) fn compact_json_options() -> Value {
     json!({"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "})
 }
 
