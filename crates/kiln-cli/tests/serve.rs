@@ -13,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// The Python packages the tests use, pinned.
-const PIP_PINS: &[&str] = &["openai==2.8.1", "pytest==8.4.2"];
+const PIP_PINS: &[&str] = &["openai==2.8.1", "pytest==8.4.2", "jsonschema==4.26.0"];
 
 fn python_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../kiln-server/tests/python")
@@ -54,10 +54,14 @@ impl Server {
     /// Starts `kiln serve -m MODEL --port PORT ARGS...` and waits until
     /// /health says ready.
     fn start(port: u16, args: &[&str]) -> Server {
-        let model = kiln_testdata::real_model();
+        Self::start_model(&kiln_testdata::real_model(), port, args)
+    }
+
+    /// [`start`](Self::start) with another model file.
+    fn start_model(model: &Path, port: u16, args: &[&str]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
             .args(["serve", "-m"])
-            .arg(&model)
+            .arg(model)
             .args([
                 "--host",
                 "127.0.0.1",
@@ -232,8 +236,33 @@ fn kiln_serve_end_to_end() {
             ("KILN_MODEL_PATH", model),
         ],
     );
-    main.terminate();
     drop(small);
+
+    // Structured output, tools and thinking: the real model and the tiny
+    // Gemma 4 fixture (random weights: only the constraint keeps it valid).
+    let g4 = Server::start_model(
+        &kiln_testdata::fixture("gemma4-tiny/model-f32.gguf"),
+        0,
+        &["--parallel", "8"],
+    );
+    run_python(
+        &python,
+        &[
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "test_structured.py",
+        ],
+        &[
+            ("KILN_URL", &main.url),
+            ("KILN_API_KEY", "test-key"),
+            ("KILN_G4_URL", &g4.url),
+        ],
+    );
+    g4.terminate();
+    main.terminate();
 
     // The README's examples, as written, on the default 127.0.0.1:8080.
     let readme = Server::start(8080, &[]);

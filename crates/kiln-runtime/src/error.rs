@@ -54,6 +54,13 @@ pub enum RuntimeError {
     /// The tokenizer failed.
     #[error("tokenizer: {0}")]
     Tokenizer(#[from] kiln_tokenizer::TokenizerError),
+    /// A JSON schema, grammar, regex or choice list that cannot be
+    /// compiled into a constraint (or that no output can satisfy).
+    #[error("invalid {kind} constraint: {reason}")]
+    InvalidConstraint { kind: &'static str, reason: String },
+    /// The output constraint failed while generating.
+    #[error("constrained decoding failed: {0}")]
+    ConstraintFailed(String),
     /// The greedy head found no finite logit (NaN in the hidden state).
     #[error("the greedy head returned no token: the hidden state holds NaN")]
     NonFiniteHidden,

@@ -3,10 +3,12 @@
 //! - [`sampling`]: [`SamplingParams`] and the seeded [`Sampler`].
 //! - [`stop`]: [`StopMatcher`], stop strings on streamed text.
 //! - [`chat`]: rendering a conversation into a prompt.
+//! - [`constrain`]: JSON schema / grammar / regex constraints as token masks.
 //! - [`bucket`]: prefill buckets, the decode ladder, the plan LRU.
 //! - [`session`]: [`Session`], load a GGUF and generate.
 //! - [`engine`]: continuous batching of many sequences (`kiln serve`).
 //! - [`perplexity`]: llama-perplexity's chunked PPL.
+//! - [`tools`]: tool calls and thinking in replies (Gemma 4 syntax, parsing).
 //!
 //! ```
 //! use kiln_runtime::{Sampler, SamplingParams};
@@ -16,6 +18,7 @@
 
 pub mod bucket;
 pub mod chat;
+pub mod constrain;
 pub mod engine;
 pub mod error;
 pub mod perplexity;
@@ -23,6 +26,7 @@ pub mod rng;
 pub mod sampling;
 pub mod session;
 pub mod stop;
+pub mod tools;
 
 pub use chat::{ChatFormat, ChatMessage, ChatOptions, ChatTemplate};
 pub use error::{Result, RuntimeError};

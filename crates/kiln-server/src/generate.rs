@@ -7,13 +7,18 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
+use kiln_runtime::constrain::ConstraintSpec;
 use kiln_runtime::engine::{Event, GenerateJob, Job, TokenLogprob};
+use kiln_runtime::tools::{grammar, ToolChoice, ToolSyntax};
 use kiln_runtime::ChatOptions;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::error::ApiError;
 use crate::request::{parse_chat, parse_completion, GenerateRequest, PromptInput};
-use crate::response::{choice_json, finish_reason, logprobs_json, Endpoint, Header, Usage};
+use crate::response::{
+    call_id, choice_json, finish_reason, logprobs_json, Endpoint, Header, ReplyShape, SplitReply,
+    Usage,
+};
 use crate::stream::{sse_response, StreamSpec};
 use crate::{read_body, AppState, UsageLog};
 
@@ -69,11 +74,23 @@ async fn generate(st: Arc<AppState>, body: Body, endpoint: Endpoint) -> Result<R
     if !req.seeded {
         req.params.seed = random_seed();
     }
+    let constraint = match constraint_spec(&st, &req)? {
+        Some((spec, param)) => {
+            let grammars = st.grammars().await?;
+            let c = tokio::task::spawn_blocking(move || grammars.compile(&spec))
+                .await
+                .map_err(|e| ApiError::internal(format!("compiling the constraint: {e}")))?;
+            Some(c.map_err(|e| ApiError::param(param, e.to_string()))?)
+        }
+        None => None,
+    };
+    let shape = reply_shape(&st, &req, endpoint);
     let job = GenerateJob {
         prompt,
         params: req.params.clone(),
         n: req.n,
         logprobs: req.logprobs,
+        constraint,
     };
     let rx = st.engine.submit(Job::Generate(job))?;
     let header = Header::new(endpoint, &st.model_id);
@@ -85,10 +102,11 @@ async fn generate(st: Arc<AppState>, body: Body, endpoint: Endpoint) -> Result<R
             n: req.n,
             include_usage: req.include_usage,
             echo,
+            shape,
         };
         return Ok(sse_response(spec, rx));
     }
-    let (body, usage) = gather(&st, header, req.n, echo, rx).await?;
+    let (body, usage) = gather(&st, header, req.n, echo, shape, rx).await?;
     let mut r = axum::Json(body).into_response();
     r.extensions_mut().insert(UsageLog(usage));
     Ok(r)
@@ -113,6 +131,8 @@ fn prompt_ids(st: &AppState, req: &GenerateRequest) -> Result<(Vec<u32>, String)
             })?;
             let opts = ChatOptions {
                 tokenizer_adds_bos: tok.add_bos(),
+                enable_thinking: req.thinking,
+                tools: req.tools.clone(),
                 ..Default::default()
             };
             template
@@ -121,6 +141,44 @@ fn prompt_ids(st: &AppState, req: &GenerateRequest) -> Result<(Vec<u32>, String)
         }
     };
     Ok((tok.encode(&text, true, true), text))
+}
+
+/// The constraint a chat request asks for, and the field to blame when it
+/// does not compile: the tool-call grammar (tools with a choice other than
+/// none), else `response_format` (with Gemma 4's optional thought block).
+fn constraint_spec(
+    st: &AppState,
+    req: &GenerateRequest,
+) -> Result<Option<(ConstraintSpec, &'static str)>, ApiError> {
+    let syntax = st.chat.as_ref().map(|t| t.tool_syntax()).ok();
+    if !req.tools.is_empty() && req.tool_choice != ToolChoice::None {
+        let syntax = syntax.ok_or_else(|| {
+            ApiError::invalid("this model's chat template failed to load: tools are unavailable")
+        })?;
+        return grammar::tool_calls(syntax, &req.tools, &req.tool_choice, req.thinking)
+            .map(|spec| spec.map(|s| (s, "tools")))
+            .map_err(|e| ApiError::param("tools", e.to_string()));
+    }
+    Ok(req.response_format.clone().map(|spec| {
+        let spec = match syntax {
+            Some(ToolSyntax::Gemma4) => grammar::with_gemma4_thought(spec, req.thinking),
+            _ => spec,
+        };
+        (spec, "response_format")
+    }))
+}
+
+/// How chat replies split: calls when tools may be called, thoughts on
+/// Gemma 4 (never inside `content`).
+fn reply_shape(st: &AppState, req: &GenerateRequest, endpoint: Endpoint) -> ReplyShape {
+    let syntax = st.chat.as_ref().map(|t| t.tool_syntax()).ok();
+    if endpoint != Endpoint::Chat {
+        return ReplyShape::default();
+    }
+    ReplyShape {
+        calls: syntax.filter(|_| !req.tools.is_empty() && req.tool_choice != ToolChoice::None),
+        thoughts: syntax == Some(ToolSyntax::Gemma4),
+    }
 }
 
 /// A seed for a request that set none: different per request.
@@ -149,6 +207,7 @@ async fn gather(
     header: Header,
     n: usize,
     echo: Option<String>,
+    shape: ReplyShape,
     mut rx: UnboundedReceiver<Event>,
 ) -> Result<(serde_json::Value, Usage), ApiError> {
     let mut choices: Vec<Gathered> = (0..n).map(|_| Gathered::default()).collect();
@@ -188,15 +247,20 @@ async fn gather(
                 .0
             });
             let text = format!("{echo}{}", c.text);
-            choice_json(
-                header.endpoint,
-                i,
-                &text,
-                lp,
-                c.finish.or(Some("stop")),
-                false,
-                false,
-            )
+            let finish = c.finish.or(Some("stop"));
+            match shape.parser() {
+                Some(mut p) => {
+                    let mut reply = SplitReply::default();
+                    for ev in p.push(&text).into_iter().chain(p.finish()) {
+                        reply.add(ev, |k| call_id(&header.id, i, k));
+                    }
+                    let finish = if reply.calls.is_empty() { finish } else { Some("tool_calls") };
+                    serde_json::json!({
+                        "index": i, "message": reply.message_json(), "logprobs": lp, "finish_reason": finish,
+                    })
+                }
+                None => choice_json(header.endpoint, i, &text, lp, finish, false, false),
+            }
         })
         .collect();
     Ok((header.body(out, Some(usage.json()), false), usage))

@@ -23,6 +23,7 @@ pub mod request;
 mod response;
 mod routes;
 mod stream;
+pub mod structured;
 
 use std::future::Future;
 use std::sync::atomic::Ordering;
@@ -36,6 +37,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
+use kiln_runtime::constrain::Grammars;
 use kiln_runtime::engine::Engine;
 use kiln_runtime::ChatTemplate;
 use kiln_tokenizer::Tokenizer;
@@ -66,6 +68,9 @@ pub struct AppState {
     pub metrics: ServerMetrics,
     /// When the server started (Unix seconds), for `/v1/models`.
     pub created: u64,
+    /// The constraint compiler, built by the first request that needs one
+    /// (a trie of the vocabulary: about a second for 262k tokens).
+    pub grammars: std::sync::OnceLock<Result<Arc<Grammars>, String>>,
 }
 
 impl AppState {
@@ -81,6 +86,26 @@ impl AppState {
             n_vocab: self.tokenizer.n_vocab(),
             ..self.limits.clone()
         }
+    }
+
+    /// The constraint compiler (built on first use, off the async threads).
+    pub async fn grammars(self: &Arc<Self>) -> Result<Arc<Grammars>, ApiError> {
+        if let Some(g) = self.grammars.get() {
+            return g.clone().map_err(ApiError::internal);
+        }
+        let st = self.clone();
+        let built = tokio::task::spawn_blocking(move || {
+            st.grammars
+                .get_or_init(|| {
+                    Grammars::new(st.tokenizer.clone())
+                        .map(Arc::new)
+                        .map_err(|e| e.to_string())
+                })
+                .clone()
+        })
+        .await
+        .map_err(|e| ApiError::internal(format!("building the grammar compiler: {e}")))?;
+        built.map_err(ApiError::internal)
     }
 
     /// A request may name this server's model or none.

@@ -2,17 +2,20 @@
 //! checked values, every bad field a 400 naming it. Pure functions of the
 //! bytes and [`Limits`] (no model, no I/O), so they are fuzzed directly.
 //!
-//! Unknown fields are ignored (clients send `user`, `response_format`
-//! and others); a known field of the wrong type or out of range is an
+//! Unknown fields are ignored (clients send `user`, `metadata` and
+//! others); a known field of the wrong type or out of range is an
 //! error, `null` counts as absent.
 
 use std::collections::BTreeMap;
 
+use kiln_runtime::constrain::ConstraintSpec;
 use kiln_runtime::engine::Pooling;
+use kiln_runtime::tools::{ToolChoice, ToolDef};
 use kiln_runtime::{ChatMessage, SamplingParams};
 use serde_json::{Map, Value};
 
 use crate::error::ApiError;
+use crate::structured;
 
 /// What requests may ask for.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -68,6 +71,13 @@ pub struct GenerateRequest {
     pub echo: bool,
     /// Whether the request set `seed` (else the server picks one).
     pub seeded: bool,
+    /// `response_format` (chat): what the output must match.
+    pub response_format: Option<ConstraintSpec>,
+    /// Functions the model may call (chat).
+    pub tools: Vec<ToolDef>,
+    pub tool_choice: ToolChoice,
+    /// Gemma 4 thinking (`reasoning_effort`, `think`).
+    pub thinking: bool,
 }
 
 /// A checked embeddings request.
@@ -206,6 +216,17 @@ pub fn parse_chat(body: &[u8], limits: &Limits) -> Result<GenerateRequest, ApiEr
         &["max_completion_tokens", "max_tokens"],
     )?;
     req.logprobs = logprobs.then(|| top.unwrap_or(0) as usize);
+    req.response_format = structured::response_format(f.get("response_format"))?;
+    req.tools = structured::tools(f.get("tools"))?;
+    req.tool_choice = structured::tool_choice(f.get("tool_choice"), &req.tools)?;
+    req.thinking = structured::thinking(&f.0)?;
+    if req.response_format.is_some() && !req.tools.is_empty() && req.tool_choice != ToolChoice::None
+    {
+        return Err(ApiError::param(
+            "response_format",
+            "'response_format' cannot be combined with 'tools' (unless tool_choice is none)",
+        ));
+    }
     Ok(req)
 }
 
@@ -222,11 +243,11 @@ fn chat_message(i: usize, m: &Value) -> Result<ChatMessage, ApiError> {
         Some(Value::String(r)) => match r.as_str() {
             // OpenAI's newer name for the system role.
             "developer" => "system",
-            r @ ("system" | "user" | "assistant") => r,
+            r @ ("system" | "user" | "assistant" | "tool") => r,
             r => {
                 return Err(ApiError::param(
                     format!("{param}.role"),
-                    format!("role {r:?} is not supported; use system, user or assistant"),
+                    format!("role {r:?} is not supported; use system, user, assistant or tool"),
                 ))
             }
         },
@@ -263,7 +284,18 @@ fn chat_message(i: usize, m: &Value) -> Result<ChatMessage, ApiError> {
             ))
         }
     };
-    Ok(ChatMessage::new(role, content))
+    let mut msg = ChatMessage::new(role, content);
+    if role == "assistant" {
+        msg.tool_calls = structured::message_tool_calls(o.get("tool_calls"), &param)?;
+    }
+    if role == "tool" {
+        msg.tool_call_id = o
+            .get("tool_call_id")
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+        msg.name = o.get("name").and_then(Value::as_str).map(str::to_owned);
+    }
+    Ok(msg)
 }
 
 /// A prompt: a string, token ids, or a one-element list of either.
@@ -394,6 +426,10 @@ fn common(
         logprobs: None,
         echo: false,
         seeded: seed.is_some(),
+        response_format: None,
+        tools: Vec::new(),
+        tool_choice: ToolChoice::Auto,
+        thinking: false,
     })
 }
 

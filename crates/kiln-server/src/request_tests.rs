@@ -174,8 +174,45 @@ fn every_bad_field_is_a_400_naming_it() {
         (r#"{"messages":[5]}"#, "messages[0]"),
         (r#"{"messages":[{"content":"x"}]}"#, "messages[0].role"),
         (
-            r#"{"messages":[{"role":"tool","content":"x"}]}"#,
+            r#"{"messages":[{"role":"narrator","content":"x"}]}"#,
             "messages[0].role",
+        ),
+        (
+            r#"{"messages":[{"role":"assistant","tool_calls":[{"function":{"name":"f","arguments":"{"}}]}]}"#,
+            "messages[0].tool_calls",
+        ),
+        (r#"{"messages":[{"role":"user"}],"tools":{}}"#, "tools"),
+        (
+            r#"{"messages":[{"role":"user"}],"tools":[{"type":"retrieval"}]}"#,
+            "tools[0].type",
+        ),
+        (
+            r#"{"messages":[{"role":"user"}],"tools":[{"type":"function","function":{"name":"a b"}}]}"#,
+            "tools[0].function.name",
+        ),
+        (
+            r#"{"messages":[{"role":"user"}],"tools":[{"type":"function","function":{"name":"f","parameters":3}}]}"#,
+            "tools[0].function.parameters",
+        ),
+        (
+            r#"{"messages":[{"role":"user"}],"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":{"type":"function","function":{"name":"g"}}}"#,
+            "tool_choice",
+        ),
+        (
+            r#"{"messages":[{"role":"user"}],"tool_choice":"required"}"#,
+            "tool_choice",
+        ),
+        (
+            r#"{"messages":[{"role":"user"}],"response_format":{"type":"xml"}}"#,
+            "response_format.type",
+        ),
+        (
+            r#"{"messages":[{"role":"user"}],"response_format":{"type":"json_schema","json_schema":{"schema":[]}}}"#,
+            "response_format.json_schema.schema",
+        ),
+        (
+            r#"{"messages":[{"role":"user"}],"reasoning_effort":"max"}"#,
+            "reasoning_effort",
         ),
         (
             r#"{"messages":[{"role":"user","content":[{"type":"image_url"}]}]}"#,
@@ -282,4 +319,36 @@ fn tokenize_and_detokenize_bodies() {
     );
     assert!(parse_detokenize(br#"{"tokens":[5000]}"#, &limits()).is_err());
     assert!(parse_detokenize(br#"{"tokens":"2"}"#, &limits()).is_err());
+}
+
+#[test]
+fn structured_fields_and_tool_messages_parse() {
+    let r = chat(
+        r#"{"messages":[{"role":"user","content":"w?"},
+            {"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function",
+              "function":{"name":"w","arguments":"{\"city\":\"Paris\"}"}}]},
+            {"role":"tool","tool_call_id":"c1","content":"sunny"}],
+           "tools":[{"type":"function","function":{"name":"w","parameters":{"type":"object"}}}],
+           "tool_choice":"required","reasoning_effort":"low"}"#,
+    )
+    .unwrap();
+    let PromptInput::Chat(m) = &r.prompt else {
+        panic!("not chat")
+    };
+    assert_eq!(m[1].tool_calls[0].arguments["city"], "Paris");
+    assert_eq!(m[2].tool_call_id.as_deref(), Some("c1"));
+    assert_eq!(
+        (r.tools.len(), &r.tool_choice, r.thinking),
+        (1, &ToolChoice::Required, true)
+    );
+    let r = chat(
+        r#"{"messages":[{"role":"user"}],"response_format":{"type":"json_schema",
+            "json_schema":{"name":"x","strict":true,"schema":{"type":"object"}}}}"#,
+    )
+    .unwrap();
+    assert!(matches!(
+        r.response_format,
+        Some(ConstraintSpec::JsonSchema(_))
+    ));
+    assert!(!r.thinking);
 }

@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use kiln_runtime::engine::{Done, TokenLogprob};
+use kiln_runtime::tools::{ReplyEvent, ReplyParser, ToolCall, ToolSyntax};
 use kiln_runtime::FinishReason;
 use kiln_tokenizer::Tokenizer;
 use serde_json::{json, Value};
@@ -207,4 +208,85 @@ pub fn choice_json(
             })
         }
     }
+}
+
+/// How a chat reply's text is split (see [`ReplyParser`]): which tool
+/// syntax to parse, and whether Gemma 4's thought channel is reasoning.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReplyShape {
+    pub calls: Option<ToolSyntax>,
+    pub thoughts: bool,
+}
+
+impl ReplyShape {
+    /// A parser for one choice, or None when the text is passed through.
+    pub fn parser(&self) -> Option<ReplyParser> {
+        (self.calls.is_some() || self.thoughts).then(|| ReplyParser::new(self.calls, self.thoughts))
+    }
+}
+
+/// OpenAI's JSON of a parsed call: `arguments` as a JSON string.
+pub fn tool_call_json(call: &ToolCall, index: Option<usize>) -> Value {
+    let mut v = json!({
+        "id": call.id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": call.arguments.to_string()},
+    });
+    if let Some(i) = index {
+        v["index"] = json!(i);
+    }
+    v
+}
+
+/// A whole chat reply split into its parts.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SplitReply {
+    pub content: String,
+    pub reasoning: String,
+    pub calls: Vec<ToolCall>,
+}
+
+impl SplitReply {
+    pub fn add(&mut self, ev: ReplyEvent, id: impl FnOnce(usize) -> String) {
+        match ev {
+            ReplyEvent::Content(t) => self.content.push_str(&t),
+            ReplyEvent::Reasoning(t) => self.reasoning.push_str(&t),
+            ReplyEvent::ToolCall(mut c) => {
+                c.id = id(self.calls.len());
+                self.calls.push(c);
+            }
+        }
+    }
+
+    /// The `message` of a whole chat choice.
+    pub fn message_json(&self) -> Value {
+        let mut m = json!({"role": "assistant", "content": self.content});
+        if !self.reasoning.is_empty() {
+            m["reasoning_content"] = json!(self.reasoning);
+        }
+        if !self.calls.is_empty() {
+            if self.content.is_empty() {
+                m["content"] = Value::Null;
+            }
+            let calls: Vec<Value> = self.calls.iter().map(|c| tool_call_json(c, None)).collect();
+            m["tool_calls"] = json!(calls);
+        }
+        m
+    }
+}
+
+/// A streamed delta for one part of a reply (`index`: the call's index
+/// within its choice).
+pub fn delta_json(ev: &ReplyEvent, index: usize) -> Value {
+    match ev {
+        ReplyEvent::Content(t) => json!({ "content": t }),
+        ReplyEvent::Reasoning(t) => json!({ "reasoning_content": t }),
+        ReplyEvent::ToolCall(c) => json!({ "tool_calls": [tool_call_json(c, Some(index))] }),
+    }
+}
+
+/// A tool call id, unique per response choice and call.
+pub fn call_id(response_id: &str, choice: usize, k: usize) -> String {
+    let tail = response_id.rsplit('-').next().unwrap_or(response_id);
+    format!("call_{tail}_{choice}_{k}")
 }

@@ -18,7 +18,10 @@ use serde_json::Value;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::error::ApiError;
-use crate::response::{choice_json, finish_reason, logprobs_json, Header, Usage};
+use crate::response::{
+    call_id, choice_json, delta_json, finish_reason, logprobs_json, Header, ReplyShape, Usage,
+};
+use kiln_runtime::tools::{ReplyEvent, ReplyParser};
 
 /// Everything a stream needs besides its receiver.
 pub struct StreamSpec {
@@ -28,6 +31,8 @@ pub struct StreamSpec {
     pub include_usage: bool,
     /// Completions' `echo`: the prompt text, sent first for each choice.
     pub echo: Option<String>,
+    /// Chat: how replies split into reasoning, content and tool calls.
+    pub shape: ReplyShape,
 }
 
 struct State {
@@ -37,6 +42,10 @@ struct State {
     usage: Usage,
     /// Per choice: characters sent so far (completions' `text_offset`).
     offsets: Vec<usize>,
+    /// Per choice: its reply splitter (chat with tools or thoughts).
+    parsers: Vec<Option<ReplyParser>>,
+    /// Per choice: tool calls sent so far.
+    calls: Vec<usize>,
     done: bool,
 }
 
@@ -62,6 +71,35 @@ impl State {
             strip_usage(body)
         };
         self.queue.push_back(event(&body));
+    }
+
+    /// A chat chunk with this `delta` object.
+    fn delta(&mut self, index: usize, delta: Value, logprobs: Option<Value>, finish: Option<&str>) {
+        let c = serde_json::json!({
+            "index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish,
+        });
+        let body = self.spec.header.body(vec![c], None, true);
+        let body = if self.spec.include_usage {
+            body
+        } else {
+            strip_usage(body)
+        };
+        self.queue.push_back(event(&body));
+    }
+
+    /// Sends a choice's reply parts; `lp` goes with the first (or alone).
+    fn reply_events(&mut self, choice: usize, evs: Vec<ReplyEvent>, mut lp: Option<Value>) {
+        for mut ev in evs {
+            let k = self.calls[choice];
+            if let ReplyEvent::ToolCall(c) = &mut ev {
+                c.id = call_id(&self.spec.header.id, choice, k);
+                self.calls[choice] += 1;
+            }
+            self.delta(choice, delta_json(&ev, k), lp.take(), None);
+        }
+        if lp.is_some() {
+            self.delta(choice, serde_json::json!({"content": ""}), lp, None);
+        }
     }
 
     /// The chunks that open each choice: the role (chat) or the echoed
@@ -95,11 +133,25 @@ impl State {
                     v
                 });
                 self.offsets[t.choice] += t.text.chars().count();
-                self.chunk(t.choice, &t.text, lp, None, false);
+                match self.parsers[t.choice].as_mut() {
+                    Some(p) => {
+                        let evs = p.push(&t.text);
+                        self.reply_events(t.choice, evs, lp);
+                    }
+                    None => self.chunk(t.choice, &t.text, lp, None, false),
+                }
             }
             Event::Done(d) => {
                 self.usage.add(&d);
-                self.chunk(d.choice, "", None, Some(finish_reason(d.finish)), false);
+                let mut finish = finish_reason(d.finish);
+                if let Some(p) = self.parsers[d.choice].as_mut() {
+                    let evs = p.finish();
+                    self.reply_events(d.choice, evs, None);
+                    if self.calls[d.choice] > 0 {
+                        finish = "tool_calls";
+                    }
+                }
+                self.chunk(d.choice, "", None, Some(finish), false);
             }
             Event::Failed { error, .. } => {
                 let e = ApiError::from(error);
@@ -135,11 +187,13 @@ fn strip_usage(mut v: Value) -> Value {
 pub fn sse_response(spec: StreamSpec, rx: UnboundedReceiver<Event>) -> Response {
     let n = spec.n;
     let mut state = State {
-        spec,
         rx,
         queue: VecDeque::new(),
         usage: Usage::default(),
         offsets: vec![0; n],
+        parsers: (0..n).map(|_| spec.shape.parser()).collect(),
+        calls: vec![0; n],
+        spec,
         done: false,
     };
     state.open();

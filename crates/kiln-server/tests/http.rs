@@ -56,6 +56,7 @@ async fn health_is_503_while_loading_then_200() {
         limits: Limits::default(),
         metrics: ServerMetrics::default(),
         created: 0,
+        grammars: Default::default(),
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

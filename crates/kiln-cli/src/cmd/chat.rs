@@ -107,7 +107,7 @@ pub fn run(a: Args) -> Result<()> {
             );
             continue;
         }
-        let gen = generate_streaming(&mut session, &ids, &params, Some(&mut out))?;
+        let gen = generate_streaming(&mut session, &ids, &params, None, Some(&mut out))?;
         writeln!(out)?;
         out.flush()?;
         if a.verbose {

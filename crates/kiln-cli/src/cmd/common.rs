@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
+use kiln_runtime::constrain::Constraint;
 use kiln_runtime::{
     Device, FinishReason, Generation, RuntimeError, SamplingParams, Session, SessionOptions,
     Truncation,
@@ -297,17 +298,19 @@ pub fn check_params(p: &SamplingParams, session: &Session) -> Result<()> {
     Ok(())
 }
 
-/// Generates from `ids`, writing each piece of text to `out` (when given)
+/// Generates from `ids` (under `constraint`, when given), writing each
+/// piece of text to `out` (when given)
 /// and flushing it as it arrives. A failed write stops the generation and
 /// is the error returned.
 pub fn generate_streaming(
     session: &mut Session,
     ids: &[u32],
     params: &SamplingParams,
+    constraint: Option<&mut Constraint>,
     mut out: Option<&mut dyn Write>,
 ) -> Result<Generation> {
     let mut write_err = None;
-    let gen = session.generate(ids, params, |ev| {
+    let gen = session.generate_constrained(ids, params, constraint, |ev| {
         if let Some(out) = out.as_mut().filter(|_| !ev.text.is_empty()) {
             if let Err(e) = out.write_all(ev.text.as_bytes()).and_then(|()| out.flush()) {
                 write_err = Some(e);
@@ -399,6 +402,7 @@ pub fn finish_name(f: FinishReason) -> &'static str {
         FinishReason::Length => "length",
         FinishReason::ContextFull => "context_full",
         FinishReason::Cancelled => "cancelled",
+        FinishReason::Constraint => "constraint",
     }
 }
 

@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod chat;
 pub mod common;
+pub mod constraint;
 pub mod detokenize;
 pub mod inspect;
 pub mod logits;

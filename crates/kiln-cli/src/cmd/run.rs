@@ -2,7 +2,7 @@
 
 use std::io::Write;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use kiln_runtime::ChatMessage;
 use serde::Serialize;
 
@@ -10,6 +10,7 @@ use super::common::{
     check_fits, check_ids, check_params, effective_prompt, encode, finish_name, generate_streaming,
     ModelArgs, PromptArgs, SamplingArgs, ENV_HELP,
 };
+use super::constraint::{mask_summary, ConstraintArgs};
 
 /// The prompt used when none is given.
 pub const DEFAULT_PROMPT: &str = "The capital of France is";
@@ -22,7 +23,9 @@ pub const DEFAULT_PROMPT: &str = "The capital of France is";
 /// defaults to the Gemma settings (temperature 1, top-k 64, top-p 0.95,
 /// seed 0: reproducible); `--temp 0` is greedy. Generation stops at an
 /// end-of-generation token (unless --ignore-eos), a --stop string, -n
-/// tokens or a full context.
+/// tokens or a full context. With --json-schema, --grammar or --regex
+/// every token is drawn from those that keep the output valid, and
+/// generation ends when the output is complete.
 #[derive(clap::Args)]
 #[command(after_long_help = ENV_HELP)]
 pub struct Args {
@@ -40,6 +43,8 @@ pub struct Args {
     pub n_predict: usize,
     #[command(flatten)]
     pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub constraint: ConstraintArgs,
     /// Stop when the generated text contains STR (not printed); repeatable.
     #[arg(long, value_name = "STR")]
     pub stop: Vec<String>,
@@ -89,6 +94,7 @@ pub fn run(a: Args) -> Result<()> {
     }
     // Read a prompt file before the (slow) load so a bad path fails fast.
     let text = a.prompt.text(Some(DEFAULT_PROMPT))?;
+    let spec = a.constraint.spec()?;
     let (mut session, _path, load) = a.model.load(a.truncate)?;
     let mut params = a.sampling.params(a.n_predict);
     params.stop = a.stop.clone();
@@ -110,10 +116,18 @@ pub fn run(a: Args) -> Result<()> {
     };
     check_ids(&session, &ids)?;
     check_fits(&session, ids.len(), Some(a.truncate))?;
+    let mut constraint = match &spec {
+        Some((spec, source)) => Some(
+            session
+                .compile_constraint(spec)
+                .with_context(|| source.clone())?,
+        ),
+        None => None,
+    };
 
     let mut out = std::io::stdout().lock();
     let stream: Option<&mut dyn Write> = if a.json { None } else { Some(&mut out) };
-    let gen = generate_streaming(&mut session, &ids, &params, stream)?;
+    let gen = generate_streaming(&mut session, &ids, &params, constraint.as_mut(), stream)?;
     let st = &gen.stats;
     let prompt_ids = effective_prompt(&session, &ids, st.prompt_tokens);
     if a.json {
@@ -146,7 +160,7 @@ pub fn run(a: Args) -> Result<()> {
     }
     {
         eprintln!(
-            "prompt: {} tokens, {:.1} ms, {:.1} tok/s | generation: {} tokens, {:.1} ms, {:.1} tok/s | load {:.2} s | stop: {}",
+            "prompt: {} tokens, {:.1} ms, {:.1} tok/s | generation: {} tokens, {:.1} ms, {:.1} tok/s | load {:.2} s | stop: {}{}",
             st.prefill_tokens,
             st.prefill_time.as_secs_f64() * 1e3,
             st.prefill_tokens_per_s(),
@@ -155,6 +169,7 @@ pub fn run(a: Args) -> Result<()> {
             st.decode_tokens_per_s(),
             load.as_secs_f64(),
             finish_name(gen.finish),
+            mask_summary(constraint.as_ref()),
         );
     }
     Ok(())

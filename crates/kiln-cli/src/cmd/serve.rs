@@ -156,6 +156,7 @@ pub fn run(a: Args) -> Result<()> {
             limits: Limits::default(),
             metrics: ServerMetrics::default(),
             created: kiln_server::unix_time(),
+            grammars: Default::default(),
         });
         eprintln!(
             "kiln serve: listening on http://{addr} (model {})",

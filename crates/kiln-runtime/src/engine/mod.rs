@@ -60,6 +60,7 @@ use kiln_model::{Backend, Model};
 use kiln_tokenizer::Tokenizer;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
+use crate::constrain::Constraint;
 use crate::sampling::SamplingParams;
 use crate::session::FinishReason;
 
@@ -106,6 +107,10 @@ pub struct GenerateJob {
     /// Report each token's logprob and this many alternatives (None: no
     /// logprobs, which lets greedy rows skip materialising logits).
     pub logprobs: Option<usize>,
+    /// An output constraint every choice must satisfy (each choice gets its
+    /// own copy); a choice ends with [`FinishReason::Constraint`] once it is
+    /// complete.
+    pub constraint: Option<Constraint>,
 }
 
 impl GenerateJob {
@@ -116,6 +121,7 @@ impl GenerateJob {
             params,
             n: 1,
             logprobs: None,
+            constraint: None,
         }
     }
 }

@@ -17,6 +17,7 @@ use super::metrics::EngineMetrics;
 use super::prefix::{kv_bytes, PrefixCache};
 use super::sequence::{Embedding, Generating, Outcome, Seq, Work};
 use super::{Command, EngineConfig, EngineError, EngineState, Event, Job, Pooling, Shared};
+use crate::constrain::Constraint;
 use crate::sampling::{Sampler, SamplingParams};
 use crate::stop::StopMatcher;
 
@@ -77,6 +78,7 @@ enum PendingKind {
     Generate {
         params: SamplingParams,
         logprobs: Option<usize>,
+        constraint: Option<Constraint>,
     },
     Embed(Pooling),
 }
@@ -373,7 +375,7 @@ impl<'t, B: Backend> Scheduler<'t, B> {
     #[allow(clippy::result_large_err)]
     fn start_seq(
         &mut self,
-        p: Pending,
+        mut p: Pending,
         positions: usize,
         taken: Option<(super::prefix::CachedPrefix<B>, usize)>,
     ) -> Result<Seq<'t, B>, (Pending, EngineError)> {
@@ -408,10 +410,12 @@ impl<'t, B: Backend> Scheduler<'t, B> {
             PendingKind::Generate {
                 ref params,
                 logprobs,
+                ref mut constraint,
             } => {
                 let mut params = params.clone();
                 params.seed = params.seed.wrapping_add(p.index as u64);
-                let argmax_head = params.is_greedy() && logprobs.is_none();
+                let constraint = constraint.take();
+                let argmax_head = params.is_greedy() && logprobs.is_none() && constraint.is_none();
                 let stop = StopMatcher::new(params.stop.clone());
                 let mut sampler = match Sampler::new(params) {
                     Ok(s) => s,
@@ -428,6 +432,7 @@ impl<'t, B: Backend> Scheduler<'t, B> {
                     decoder: StreamDecoder::new(self.tok, false),
                     logprobs,
                     argmax_head,
+                    constraint,
                     eog: self.eog,
                     generated: 0,
                     last_token_at: None,
@@ -579,6 +584,7 @@ fn expand(job: Job, events: UnboundedSender<Event>, arrived: Instant) -> Vec<Pen
                 kind: PendingKind::Generate {
                     params: g.params.clone(),
                     logprobs: g.logprobs,
+                    constraint: g.constraint.clone(),
                 },
             })
             .collect(),

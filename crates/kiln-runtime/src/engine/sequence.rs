@@ -9,6 +9,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use super::metrics::EngineMetrics;
 use super::{Done, EngineError, Event, Pooling, TokenLogprob, TokenOut};
+use crate::constrain::Constraint;
 use crate::sampling::Sampler;
 use crate::session::{top_logits, FinishReason};
 use crate::stop::{StopMatcher, StopStatus};
@@ -20,8 +21,11 @@ pub(crate) struct Generating<'t> {
     pub decoder: StreamDecoder<'t>,
     /// Alternatives to report per token (None: no logprobs).
     pub logprobs: Option<usize>,
-    /// Greedy without logprobs: the step returns the argmax only.
+    /// Greedy without logprobs or constraint: the step returns the argmax
+    /// only.
     pub argmax_head: bool,
+    /// The output constraint: masks the logits before sampling.
+    pub constraint: Option<Constraint>,
     /// End-of-generation ids, ascending.
     pub eog: &'t [u32],
     pub generated: usize,
@@ -140,10 +144,16 @@ impl<'t, B: Backend> Seq<'t, B> {
             Work::Generate(g) => {
                 let id = match argmax {
                     Some(id) => id,
-                    None => match g.sampler.sample(&mut self.out) {
-                        Ok(id) => id,
-                        Err(e) => return Outcome::Failed(EngineError::Step(e.to_string())),
-                    },
+                    None => {
+                        let masked = match g.constraint.as_mut() {
+                            Some(c) => c.mask(&mut self.out),
+                            None => Ok(()),
+                        };
+                        match masked.and_then(|()| g.sampler.sample(&mut self.out)) {
+                            Ok(id) => id,
+                            Err(e) => return Outcome::Failed(EngineError::Step(e.to_string())),
+                        }
+                    }
                 };
                 let logprob = g.logprobs.map(|k| token_logprob(&self.out, id, k));
                 let now = Instant::now();
@@ -152,7 +162,10 @@ impl<'t, B: Backend> Seq<'t, B> {
                     Some(t) => metrics.inter_token_latency.observe(now - t),
                 }
                 g.last_token_at = Some(now);
-                let finish = g.push_token(id, logprob, self.index, &self.events);
+                let finish = match g.push_token(id, logprob, self.index, &self.events) {
+                    Ok(f) => f,
+                    Err(e) => return Outcome::Failed(EngineError::Step(e.to_string())),
+                };
                 let finish = finish.or_else(|| {
                     (g.generated >= g.sampler.params().max_tokens).then_some(FinishReason::Length)
                 });
@@ -183,21 +196,25 @@ impl<'t, B: Backend> Seq<'t, B> {
 
 impl Generating<'_> {
     /// Handles a sampled token: an end-of-generation or stop id ends the
-    /// choice unseen; otherwise its text (held back while it may start a
-    /// stop string or a UTF-8 character) is sent. Returns why it ended.
+    /// choice unseen; otherwise the constraint advances and its text (held
+    /// back while it may start a stop string or a UTF-8 character) is sent.
+    /// Returns why it ended.
     fn push_token(
         &mut self,
         id: u32,
         logprob: Option<TokenLogprob>,
         choice: usize,
         events: &UnboundedSender<Event>,
-    ) -> Option<FinishReason> {
+    ) -> crate::Result<Option<FinishReason>> {
         let params = self.sampler.params();
         if !params.ignore_eos && self.eog.binary_search(&id).is_ok() {
-            return Some(FinishReason::Eog(id));
+            return Ok(Some(FinishReason::Eog(id)));
         }
         if params.stop_token_ids.contains(&id) {
-            return Some(FinishReason::StopToken(id));
+            return Ok(Some(FinishReason::StopToken(id)));
+        }
+        if let Some(c) = self.constraint.as_mut() {
+            c.accept(id)?;
         }
         self.sampler.accept(id);
         self.generated += 1;
@@ -217,7 +234,13 @@ impl Generating<'_> {
             text,
             logprob,
         }));
-        stopped.map(FinishReason::StopString)
+        let complete = self
+            .constraint
+            .as_ref()
+            .is_some_and(Constraint::is_complete);
+        Ok(stopped
+            .map(FinishReason::StopString)
+            .or(complete.then_some(FinishReason::Constraint)))
     }
 
     /// Sends the text still held back (unless a stop string ended the

@@ -32,7 +32,6 @@
 //! [`KvCache::truncate`]: kiln_model::KvCache::truncate
 //! [`ring_allows_rewind`]: crate::bucket::ring_allows_rewind
 
-use std::ops::ControlFlow;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
@@ -40,18 +39,18 @@ use std::time::Instant;
 use kiln_device::AnyBackend;
 use kiln_gguf::Gguf;
 use kiln_model::{env_flag, Backend, Model, ModelConfig, Output};
-use kiln_tokenizer::{StreamDecoder, Tokenizer};
+use kiln_tokenizer::Tokenizer;
 
 use crate::bucket::{DecodeLadder, PlanCache};
 use crate::chat::{ChatMessage, ChatOptions, ChatTemplate};
+use crate::constrain::{Constraint, ConstraintSpec, Grammars};
 use crate::error::{Result, RuntimeError};
 use crate::perplexity::{nll, NllAccumulator, PerplexityResult};
-use crate::sampling::{argmax, Sampler, SamplingParams};
-use crate::stop::{StopMatcher, StopStatus};
 
 /// How many prefill plans (bucket scratches) stay cached.
 const PLAN_CACHE_SIZE: usize = 16;
 
+mod generate;
 mod runner;
 mod types;
 
@@ -74,7 +73,9 @@ pub use types::*;
 /// ```
 pub struct Session<B: Backend = AnyBackend> {
     runner: Runner<B>,
-    tokenizer: Tokenizer,
+    tokenizer: Arc<Tokenizer>,
+    /// The constraint compiler, built on first use (a trie of the vocab).
+    grammars: Option<Arc<Grammars>>,
     chat: std::result::Result<ChatTemplate, String>,
     eog: Vec<u32>,
     opts: SessionOptions,
@@ -117,7 +118,7 @@ impl<B: Backend> Session<B> {
         // The architecture first: a non-Gemma file should say so, not fail
         // on some tokenizer or tensor detail.
         ModelConfig::from_gguf(&gguf)?;
-        let tokenizer = Tokenizer::from_gguf(&gguf)?;
+        let tokenizer = Arc::new(Tokenizer::from_gguf(&gguf)?);
         let chat = ChatTemplate::from_gguf(&gguf).map_err(|e| e.to_string());
         let device = format!("device: {}", backend.name());
         let model = Model::load(backend, gguf)?;
@@ -161,6 +162,7 @@ impl<B: Backend> Session<B> {
         Ok(Session {
             runner,
             tokenizer,
+            grammars: None,
             chat,
             eog,
             opts,
@@ -178,6 +180,24 @@ impl<B: Backend> Session<B> {
     /// The backend the model runs on.
     pub fn backend(&self) -> &B {
         self.runner.model.backend()
+    }
+
+    /// The constraint compiler for this model's tokenizer (built on the
+    /// first call, then shared).
+    pub fn grammars(&mut self) -> Result<Arc<Grammars>> {
+        if let Some(g) = &self.grammars {
+            return Ok(g.clone());
+        }
+        let g = Arc::new(Grammars::new(self.tokenizer.clone())?);
+        self.grammars = Some(g.clone());
+        Ok(g)
+    }
+
+    /// Compiles an output constraint for
+    /// [`generate_constrained`](Self::generate_constrained); a bad schema,
+    /// grammar or regex is [`RuntimeError::InvalidConstraint`].
+    pub fn compile_constraint(&mut self, spec: &ConstraintSpec) -> Result<Constraint> {
+        self.grammars()?.compile(spec)
     }
 
     /// The model's configuration.
@@ -420,163 +440,6 @@ impl<B: Backend> Session<B> {
         Ok(acc.finish(n_ctx))
     }
 
-    /// Generates from `prompt`, streaming each token to `on_token`, until an
-    /// end-of-generation token (unless `ignore_eos`), a stop token or string,
-    /// `max_tokens`, a full context, or `ControlFlow::Break` from the callback.
-    pub fn generate<'p>(
-        &mut self,
-        prompt: impl Into<Prompt<'p>>,
-        params: &SamplingParams,
-        mut on_token: impl FnMut(TokenEvent) -> ControlFlow<()>,
-    ) -> Result<Generation> {
-        if params.max_tokens == 0 {
-            return Err(RuntimeError::InvalidSamplingParam {
-                name: "max_tokens",
-                value: "0".into(),
-                expected: "at least 1 token to generate (use logits() to only score a prompt)",
-            });
-        }
-        let mut sampler = Sampler::new(params.clone())?;
-        let reserve = params.max_tokens.min(self.opts.max_context / 2).max(1);
-        let ids = self.fit_prompt(self.tokenize(prompt.into())?, reserve)?;
-        let mut stats = Stats {
-            prompt_tokens: ids.len(),
-            ..Default::default()
-        };
-        // Prompt tokens enter the penalty window, as in llama.cpp's server.
-        sampler.accept_all(&ids);
-        let greedy = params.is_greedy();
-        // KILN_TOP5 needs the logits row every step, so it disables the
-        // argmax head.
-        let step_output = if greedy && !self.top5 {
-            Output::Argmax
-        } else {
-            Output::LastLogits
-        };
-        let (top5, trace) = (self.top5, self.runner.trace_timing);
-        // (min, max) decode step time, only when tracing.
-        let mut step_span = (f64::INFINITY, 0.0f64);
-
-        let runner = &mut self.runner;
-        // The prompt and every step but the last token's: the cache's final
-        // length, reserved once (decode then never reallocates).
-        runner
-            .reserve_exact(ids.len().saturating_add(params.max_tokens - 1))
-            .map_err(|e| e.at_step(0))?;
-        runner
-            .prefill(&ids, Need::Logits, &mut stats)
-            .map_err(|e| e.at_step(0))?;
-        let decode_start = Instant::now();
-        let mut decoder = StreamDecoder::new(&self.tokenizer, false);
-        let mut matcher = StopMatcher::new(params.stop.clone());
-        let mut out = Generation {
-            tokens: Vec::new(),
-            text: String::new(),
-            finish: FinishReason::Length,
-            stats,
-        };
-        let finish = loop {
-            if out.tokens.len() >= params.max_tokens {
-                break FinishReason::Length;
-            }
-            let step = out.tokens.len();
-            if top5 && runner.last == Last::Logits {
-                print_top5(step, &runner.logits_buf);
-            }
-            let id = match runner.last {
-                Last::Argmax(id) => id,
-                _ if greedy => argmax(&runner.logits_buf).map_err(|e| e.at_step(step))?,
-                _ => {
-                    // Sampling biases the row in place: it no longer holds
-                    // the model's logits for reuse.
-                    runner.last = Last::None;
-                    sampler
-                        .sample(&mut runner.logits_buf)
-                        .map_err(|e| e.at_step(step))?
-                }
-            };
-            if !params.ignore_eos && self.eog.binary_search(&id).is_ok() {
-                break FinishReason::Eog(id);
-            }
-            if params.stop_token_ids.contains(&id) {
-                break FinishReason::StopToken(id);
-            }
-            sampler.accept(id);
-            let index = out.tokens.len();
-            out.tokens.push(id);
-            let piece = decoder.push(id)?;
-            let (text, stopped) = match matcher.push(&piece) {
-                StopStatus::Continue { emit } => (emit, None),
-                StopStatus::Stopped { emit, stop_index } => (emit, Some(stop_index)),
-            };
-            out.text.push_str(&text);
-            let flow = on_token(TokenEvent {
-                id: Some(id),
-                text,
-                index,
-            });
-            if let Some(i) = stopped {
-                break FinishReason::StopString(i);
-            }
-            if flow.is_break() {
-                break FinishReason::Cancelled;
-            }
-            if out.tokens.len() >= params.max_tokens {
-                break FinishReason::Length;
-            }
-            if runner.cache.len() + 1 > runner.max_context {
-                break FinishReason::ContextFull;
-            }
-            let t_step = trace.then(Instant::now);
-            runner
-                .step(id, step_output)
-                .map_err(|e| e.at_step(step + 1))?;
-            if let Some(t) = t_step {
-                let ms = t.elapsed().as_secs_f64() * 1e3;
-                step_span = (step_span.0.min(ms), step_span.1.max(ms));
-            }
-            out.stats.decode_tokens += 1;
-        };
-        // Release text held back for a possible stop string or UTF-8 tail.
-        if !matches!(finish, FinishReason::StopString(_)) {
-            let mut tail = matcher.push(&decoder.finish());
-            if let StopStatus::Continue { emit } = &mut tail {
-                emit.push_str(&matcher.finish());
-            }
-            let (text, stop) = match tail {
-                StopStatus::Continue { emit } => (emit, None),
-                StopStatus::Stopped { emit, stop_index } => (emit, Some(stop_index)),
-            };
-            if !text.is_empty() {
-                out.text.push_str(&text);
-                let _ = on_token(TokenEvent {
-                    id: None,
-                    text,
-                    index: out.tokens.len(),
-                });
-            }
-            out.finish = stop.map_or(finish, FinishReason::StopString);
-        } else {
-            out.finish = finish;
-        }
-        out.stats.decode_time = decode_start.elapsed();
-        if trace {
-            let st = &out.stats;
-            eprintln!(
-                "[kiln timing] prompt {} tokens ({} reused), prefill {:.1} ms; decode {} steps in {:.1} ms ({:.1} tok/s, step min {:.1} ms, max {:.1} ms)",
-                st.prompt_tokens,
-                st.reused_tokens,
-                st.prefill_time.as_secs_f64() * 1e3,
-                st.decode_tokens,
-                st.decode_time.as_secs_f64() * 1e3,
-                st.decode_tokens_per_s(),
-                if st.decode_tokens == 0 { 0.0 } else { step_span.0 },
-                step_span.1
-            );
-        }
-        Ok(out)
-    }
-
     /// Applies the context limit: error, or keep BOS + tail (see
     /// [`Truncation`]). `reserve` is the room kept for new tokens.
     fn fit_prompt(&self, ids: Vec<u32>, reserve: usize) -> Result<Vec<u32>> {
@@ -602,16 +465,6 @@ impl<B: Backend> Session<B> {
             }
         }
     }
-}
-
-/// The `KILN_TOP5` line: the five largest logits of a step, ties to the
-/// lowest id.
-fn print_top5(step: usize, logits: &[f32]) {
-    let line: Vec<String> = top_logits(logits, 5)
-        .iter()
-        .map(|(id, z)| format!("{id} {z:.4}"))
-        .collect();
-    eprintln!("[kiln top5] step {step}: {}", line.join(", "));
 }
 
 /// The `k` largest (id, logit) pairs, descending; NaN sorts last.

@@ -107,6 +107,9 @@ pub enum FinishReason {
     ContextFull,
     /// The callback returned `ControlFlow::Break`.
     Cancelled,
+    /// The output constraint (schema, grammar, regex, choice) is complete:
+    /// no token can extend it.
+    Constraint,
 }
 
 /// Timings of one call.
