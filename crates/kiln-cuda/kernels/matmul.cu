@@ -26,10 +26,19 @@
 // Warps per CTA of the row kernels; the host launches WARPS * 32 threads.
 constexpr int WARPS = 4;
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
+// Every kernel here is a programmatic dependent launch (Gpu::launch_pdl):
+// it may start while the kernel before it still runs. Weights are
+// constants (no kernel writes them), so a kernel first asks L2 for its
+// first weight bytes, then waits for the writer of x (grid_dep_wait), and
+// lets the next kernel launch (grid_dep_launch): the next GEMV's weight
+// fetch overlaps this one's arithmetic and tail.
+
+// Starts fetching bytes [p, p + n) into L2, one 128-byte line per lane
+// and step; a warp calls it together.
+__device__ __forceinline__ void prefetch_l2(const u8* p, u64 n) {
+    const u64 first = (u64)p & ~127ull, end = (u64)p + n;
+    for (u64 a = first + 128ull * (threadIdx.x & 31); a < end; a += 32 * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
 }
 
 __device__ __forceinline__ u64 max_u64(u64 a, u64 b) { return a > b ? a : b; }
@@ -117,6 +126,8 @@ template <class T, int NT, int R>
 __device__ __forceinline__ void matvec(const u8* __restrict__ w, u64 row_bytes, int row0, int n_rows, int k,
                                        const float* __restrict__ x, int n_tok, float* __restrict__ out) {
     const int row = (blockIdx.x * WARPS + (threadIdx.x >> 5)) * R;
+    if (row < n_rows) prefetch_l2(w + (u64)(row0 + row) * row_bytes, (u64)min(R, n_rows - row) * row_bytes);
+    KERNEL_PROLOGUE();
     if (row >= n_rows) return;  // whole warps only
     float acc[R][NT];
     warp_dots<T, NT, R>(w + (u64)row0 * row_bytes, row_bytes, row, n_rows, k, x, n_tok, acc);
@@ -138,6 +149,7 @@ __device__ __forceinline__ void dequant_rows(const u8* __restrict__ w, u64 row_b
     const u64 units = (u64)(k >> 3);
     const u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (u64)n_rows * units) return;
+    KERNEL_PROLOGUE();  // the workspace may still be read by the last SGEMM
     const u64 r = i / units;
     const int u = (int)(i % units);
     Unit un;
@@ -154,6 +166,7 @@ template <class T>
 __device__ __forceinline__ void embed(const u8* __restrict__ w, u64 row_bytes, int n_rows, int k,
                                       const u32* __restrict__ tokens, int n_tok, float scale,
                                       float* __restrict__ out) {
+    KERNEL_PROLOGUE();
     const int u = blockIdx.x * blockDim.x + threadIdx.x;
     if (u >= (k >> 3)) return;
     for (int t = blockIdx.y; t < n_tok; t += gridDim.y) {
@@ -186,16 +199,27 @@ __device__ __forceinline__ u64 argmax_key(float v, u32 row) {
     return ((u64)ordered << 32) | (u64)(~row);
 }
 
+// Rows per warp and step of argmax_rows (ARGMAX_ROWS in matmul.rs).
+constexpr int ARGMAX_ROWS = 4;
+
 // partials[blockIdx.x] = the largest key over the rows this CTA visits:
-// its warps stride over groups of 2 rows, so a grid smaller than the
-// matrix still covers it (the host caps the grid at the partials' size).
+// its warps stride over groups of ARGMAX_ROWS rows, so a grid smaller than
+// the matrix still covers it (the host caps the grid at the partials'
+// size). Each step asks L2 for the next group's rows before reading its
+// own, so two groups' bytes are in flight per warp.
 template <class T>
 __device__ __forceinline__ void argmax_rows(const u8* __restrict__ w, u64 row_bytes, int n_rows, int k,
                                             const float* __restrict__ x, u64* __restrict__ partials) {
-    constexpr int R = 2;
+    constexpr int R = ARGMAX_ROWS;
     const int warp = threadIdx.x >> 5;
+    const int stride = gridDim.x * WARPS * R;
+    const int first = (blockIdx.x * WARPS + warp) * R;
+    if (first < n_rows) prefetch_l2(w + (u64)first * row_bytes, (u64)min(R, n_rows - first) * row_bytes);
+    KERNEL_PROLOGUE();
     u64 best = 0;
-    for (int row = (blockIdx.x * WARPS + warp) * R; row < n_rows; row += gridDim.x * WARPS * R) {
+    for (int row = first; row < n_rows; row += stride) {
+        if (row < n_rows - stride)
+            prefetch_l2(w + (u64)(row + stride) * row_bytes, (u64)min(R, n_rows - row - stride) * row_bytes);
         float acc[R][1];
         warp_dots<T, 1, R>(w, row_bytes, row, n_rows, k, x, 1, acc);
 #pragma unroll
@@ -252,6 +276,7 @@ constexpr int ARGMAX_FINISH_THREADS = 256;
 
 KILN_ENTRY(argmax_finish, ARGMAX_FINISH_THREADS)(const u64* partials, int n, u32* ids, int slot) {
     __shared__ u64 best[ARGMAX_FINISH_THREADS];
+    KERNEL_PROLOGUE();
     u64 b = 0;
     for (int i = threadIdx.x; i < n; i += ARGMAX_FINISH_THREADS) b = max_u64(b, partials[i]);
     best[threadIdx.x] = b;

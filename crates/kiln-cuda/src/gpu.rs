@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DeviceRepr,
-    LaunchArgs, LaunchConfig, ValidAsZeroBits,
+    LaunchConfig, ValidAsZeroBits,
 };
 use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys, Ptx};
 use kiln_model::{ModelError, Result};
@@ -178,24 +178,6 @@ impl Gpu {
 
     pub(crate) fn name(&self) -> &str {
         &self.name
-    }
-
-    /// Enqueues `args` (a `stream.launch_builder` with its arguments) with
-    /// `cfg`, counting it; a failure names `what`.
-    ///
-    /// # Safety
-    /// The arguments must match the kernel's parameters, and every buffer
-    /// it touches must hold what `cfg`'s threads index.
-    pub(crate) unsafe fn launch(
-        &self,
-        args: &mut LaunchArgs<'_>,
-        cfg: LaunchConfig,
-        what: &str,
-    ) -> Result<()> {
-        Counters::bump(&self.counters.kernel_launches);
-        args.launch(cfg)
-            .map(|_| ())
-            .map_err(|e| cuda_err(&format!("launching {what}"), e))
     }
 
     /// Device address of element `offset` of `s`, as a kernel argument.

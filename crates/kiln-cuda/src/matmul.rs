@@ -16,11 +16,12 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::cublas::sys::cublasOperation_t;
 use cudarc::cublas::{Gemm, GemmConfig};
-use cudarc::driver::{CudaFunction, CudaSlice, CudaView, DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaSlice, CudaView, DevicePtr, LaunchConfig};
 use kiln_model::{ModelError, Result};
 use kiln_quant::GgmlType;
 
 use crate::gpu::{cuda_err, Gpu, Source};
+use crate::ops::launch;
 use crate::weight::CudaWeight;
 
 /// One [`Source`] per weight type: `matmul.cu` after `quant.cuh`, with
@@ -34,6 +35,7 @@ macro_rules! sources {
                 name: concat!("matmul_", $name),
                 text: concat!(
                     "#define KILN_WEIGHT ", $name, "\n",
+                    include_str!("../kernels/common.cuh"),
                     include_str!("../kernels/quant.cuh"),
                     include_str!("../kernels/matmul.cu"),
                 ),
@@ -79,6 +81,8 @@ pub(crate) const MATVEC_MAX_TOKENS: usize = 8;
 /// still fill an H200 (132 SMs x 16 resident warps of 128-thread CTAs).
 const TWO_ROWS_FROM: usize = 4096;
 
+/// Rows per warp and step of `argmax_rows` (`ARGMAX_ROWS` in matmul.cu).
+const ARGMAX_ROWS: usize = 4;
 /// CTAs of `argmax_rows`, and so the size of the partials buffer: enough
 /// to fill every SM; larger vocabularies are covered by striding.
 const ARGMAX_PARTIALS: usize = 2048;
@@ -181,25 +185,13 @@ impl Matmul {
         };
         let rows_per_cta = WARPS * MATVEC_SHAPES[shape].1;
         let cfg = grid((n_rows.div_ceil(rows_per_cta), 1), BLOCK);
-        let (row_bytes, row0, n_rows) = (
-            w.row_bytes as u64,
-            as_i32("row0", row0)?,
-            as_i32("rows", n_rows)?,
-        );
+        let (row0, n_rows) = (as_i32("row0", row0)?, as_i32("rows", n_rows)?);
         let (cols, n_tok) = (as_i32("cols", w.cols)?, n_tok as i32);
-        let f = &k.matvec[shape];
-        let mut b = gpu.stream.launch_builder(f);
-        b.arg(&w.data)
-            .arg(&row_bytes)
-            .arg(&row0)
-            .arg(&n_rows)
-            .arg(&cols);
-        b.arg(x).arg(&n_tok).arg(out);
-        // SAFETY: matvec_* reads rows row0..row0+n_rows of `w.data` (checked
-        // against w.rows, whose bytes `upload` checked), n_tok * cols values
-        // of x and writes n_tok * n_rows of out (both checked above).
-        unsafe { gpu.launch(&mut b, cfg, &format!("matvec on {}", w.name)) }?;
-        Ok(())
+        // matvec_* reads rows row0..row0+n_rows of `w.data` (checked against
+        // w.rows, whose bytes `upload` checked), n_tok * cols values of x
+        // and writes n_tok * n_rows of out (both checked above).
+        launch!(gpu, &k.matvec[shape], cfg, &format!("matvec on {}", w.name);
+            gpu.ptr(&w.data, 0), w.row_bytes as u64, row0, n_rows, cols, gpu.ptr(x, 0), n_tok, gpu.ptr(out, 0))
     }
 
     /// Prefill: dequantize chunks of rows into the workspace, then
@@ -237,16 +229,10 @@ impl Matmul {
             let m = chunk.min(n_rows - r);
             let (first, m_i) = (as_i32("row", row0 + r)?, m as i32);
             let cfg = grid(((m * w.cols / 8).div_ceil(BLOCK as usize), 1), BLOCK);
-            let mut b = gpu.stream.launch_builder(&k.dequant_rows);
-            b.arg(&w.data)
-                .arg(&row_bytes)
-                .arg(&first)
-                .arg(&m_i)
-                .arg(&cols)
-                .arg(&mut *ws);
-            // SAFETY: reads rows row0+r .. row0+r+m of the weight (checked
-            // by the caller) and writes m * cols <= WORKSPACE_FLOATS values.
-            unsafe { gpu.launch(&mut b, cfg, &format!("dequant_rows on {}", w.name)) }?;
+            // Reads rows row0+r .. row0+r+m of the weight (checked by the
+            // caller) and writes m * cols <= WORKSPACE_FLOATS values.
+            launch!(gpu, &k.dequant_rows, cfg, &format!("dequant_rows on {}", w.name);
+                gpu.ptr(&w.data, 0), row_bytes, first, m_i, cols, gpu.ptr(ws, 0))?;
             // Column-major view: C (n_rows x n_tok, ldc n_rows) = Aᵀ B with
             // A the chunk (cols x m, lda cols) and B = x (cols x n_tok).
             let cfg = GemmConfig {
@@ -299,13 +285,12 @@ impl Matmul {
         let cfg = grid((units.div_ceil(BLOCK as usize), n_tok.min(65_535)), BLOCK);
         let (row_bytes, rows) = (table.row_bytes as u64, as_i32("rows", table.rows)?);
         let (cols, n_tok) = (as_i32("cols", table.cols)?, as_i32("tokens", n_tok)?);
-        let mut b = gpu.stream.launch_builder(&k.embed);
-        b.arg(&table.data).arg(&row_bytes).arg(&rows).arg(&cols);
-        b.arg(tokens).arg(&n_tok).arg(&scale).arg(out);
-        // SAFETY: reads n_tok ids (checked), only rows below `rows`, and
-        // writes n_tok * cols values of out (checked).
-        unsafe { gpu.launch(&mut b, cfg, &format!("embed on {}", table.name)) }?;
-        Ok(())
+        // Event tracking is off (`Gpu::new`): the guard does nothing.
+        let (ids, _guard) = tokens.device_ptr(&gpu.stream);
+        // Reads n_tok ids (checked), only rows below `rows`, and writes
+        // n_tok * cols values of out (checked).
+        launch!(gpu, &k.embed, cfg, &format!("embed on {}", table.name);
+            gpu.ptr(&table.data, 0), row_bytes, rows, cols, ids, n_tok, scale, gpu.ptr(out, 0))
     }
 
     /// `ids[slot] = argmax_r dot(W[r], h[row])`: ties go to the lowest r,
@@ -329,32 +314,22 @@ impl Matmul {
                 w.name, w.rows
             )));
         }
-        let ctas = w.rows.div_ceil(WARPS * 2).min(ARGMAX_PARTIALS);
+        let ctas = w.rows.div_ceil(WARPS * ARGMAX_ROWS).min(ARGMAX_PARTIALS);
         let cfg = grid((ctas, 1), BLOCK);
         let (row_bytes, rows, cols) = (
             w.row_bytes as u64,
             as_i32("rows", w.rows)?,
             as_i32("cols", w.cols)?,
         );
-        let x = h.slice(row * w.cols..(row + 1) * w.cols);
-        let mut b = gpu.stream.launch_builder(&k.argmax_rows);
-        b.arg(&w.data)
-            .arg(&row_bytes)
-            .arg(&rows)
-            .arg(&cols)
-            .arg(&x)
-            .arg(&self.partials);
-        // SAFETY: reads every row of the weight and one x row (checked);
-        // writes `ctas` <= ARGMAX_PARTIALS partials.
-        unsafe { gpu.launch(&mut b, cfg, &format!("argmax on {}", w.name)) }?;
+        let what = format!("argmax on {}", w.name);
+        // Reads every row of the weight and x row `row` (checked); writes
+        // `ctas` <= ARGMAX_PARTIALS partials.
+        launch!(gpu, &k.argmax_rows, cfg, &what;
+            gpu.ptr(&w.data, 0), row_bytes, rows, cols, gpu.ptr(h, row * w.cols), gpu.ptr(&self.partials, 0))?;
         let cfg = grid((1, 1), FINISH_BLOCK);
         let (n, slot) = (ctas as i32, as_i32("slot", slot)?);
-        let mut b = gpu.stream.launch_builder(&k.argmax_finish);
-        b.arg(&self.partials).arg(&n).arg(ids).arg(&slot);
-        // SAFETY: reads the n partials just written, writes ids[slot]
-        // (checked).
-        unsafe { gpu.launch(&mut b, cfg, &format!("argmax on {}", w.name)) }?;
-        Ok(())
+        // Reads the n partials just written, writes ids[slot] (checked).
+        launch!(gpu, &k.argmax_finish, cfg, &what; gpu.ptr(&self.partials, 0), n, gpu.ptr(ids, 0), slot)
     }
 
     /// The kernels for `w`'s type (compiled on first use), after checking
