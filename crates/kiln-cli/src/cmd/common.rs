@@ -87,7 +87,15 @@ impl ModelArgs {
         let elapsed = t0.elapsed();
         spinner.finish();
         let session = session.with_context(|| path.display().to_string())?;
-        eprintln!("{}", session.device());
+        // A GPU, or a device asked for, is always named; the CPU that
+        // `auto` fell back to only on a terminal, so scripts on machines
+        // without a GPU see the stderr they always did.
+        if session.backend().kind() != "CPU"
+            || self.device != Device::Auto
+            || std::io::stderr().is_terminal()
+        {
+            eprintln!("{}", session.device());
+        }
         Ok((session, path, elapsed))
     }
 }
