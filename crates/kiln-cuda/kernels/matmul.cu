@@ -15,6 +15,9 @@
 //   argmax_finish the final reduction into ids[slot]: the greedy LM head
 //                 without logits.
 //
+// skinny.cu follows this file: the tiled kernels of batched decode (2..64
+// token rows) and the batch's argmax head.
+//
 // Layouts: W is `n_rows` rows of `row_bytes` packed bytes (as in the GGUF
 // file), `k` elements each, k a multiple of 8; x and out are row-major f32
 // with row strides k and n_rows. Accumulation is f32 throughout.
@@ -270,13 +273,17 @@ KILN_ENTRY(argmax_rows, WARPS * 32)(const u8* w, u64 row_bytes, int n_rows, int 
     argmax_rows<KILN_WEIGHT>(w, row_bytes, n_rows, k, x, partials);
 }
 
-// ids[slot] = the row of the largest key in partials[0 .. n] (one CTA of
-// ARGMAX_FINISH_THREADS), or u32::MAX when any dot was not finite.
+// ids[slot + b] = the row of the largest key in partials[b n .. b n + n]
+// (CTA b of ARGMAX_FINISH_THREADS; one CTA per x row), or u32::MAX when
+// any dot was not finite.
 constexpr int ARGMAX_FINISH_THREADS = 256;
 
 KILN_ENTRY(argmax_finish, ARGMAX_FINISH_THREADS)(const u64* partials, int n, u32* ids, int slot) {
     __shared__ u64 best[ARGMAX_FINISH_THREADS];
     KERNEL_PROLOGUE();
+    // CTA b reduces the b-th run of n partials into ids[slot + b].
+    partials += (size_t)blockIdx.x * n;
+    slot += blockIdx.x;
     u64 b = 0;
     for (int i = threadIdx.x; i < n; i += ARGMAX_FINISH_THREADS) b = max_u64(b, partials[i]);
     best[threadIdx.x] = b;

@@ -436,7 +436,7 @@ impl Backend for CudaBackend {
     ) -> Result<()> {
         check("argmax_head id", row + 1, step.max_rows)?;
         self.matmul
-            .argmax(&self.gpu, w, &h.data, row, &mut step.ids, row)
+            .argmax(&self.gpu, w, &h.data, row, 1, &mut step.ids, row)
     }
 
     fn run_step(&self, key: Option<GraphKey>, f: &mut dyn FnMut() -> Result<()>) -> Result<()> {

@@ -1,15 +1,18 @@
 //! Products with packed weights (kernels/matmul.cu): the decode GEMV, the
 //! skinny multi-token GEMM, prefill through dequantized chunks and cuBLAS
 //! SGEMM, the embedding gather and the greedy LM head (argmax without
-//! logits).
+//! logits); the tiled kernels of batched decode (kernels/skinny.cu) in
+//! `skinny.rs`.
 //!
 //! `matmul.cu` is compiled once per weight type met (NVRTC, on first use:
 //! a model needs two or three of the thirteen), each time with
 //! `KILN_WEIGHT` naming the decoder of `quant.cuh`. Every launch here only
 //! enqueues device work on the one stream, so all of it may be captured
-//! into a CUDA graph; the two buffers (argmax partials, dequant workspace)
-//! are allocated before any capture and never reallocated, so a captured
-//! graph never points at freed memory.
+//! into a CUDA graph; the three buffers (argmax partials, split sums,
+//! dequant workspace) are allocated before any capture and never
+//! reallocated, so a captured graph never points at freed memory.
+
+mod skinny;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -23,6 +26,7 @@ use kiln_quant::GgmlType;
 use crate::gpu::{cuda_err, Gpu, Source};
 use crate::ops::launch;
 use crate::weight::CudaWeight;
+use skinny::{GEMM_MAX_TOKENS, GEMM_TOKENS, SPLIT_FLOATS};
 
 /// One [`Source`] per weight type: `matmul.cu` after `quant.cuh`, with
 /// `KILN_WEIGHT` set to the type's decoder (also the kernels' name suffix).
@@ -38,6 +42,7 @@ macro_rules! sources {
                     include_str!("../kernels/common.cuh"),
                     include_str!("../kernels/quant.cuh"),
                     include_str!("../kernels/matmul.cu"),
+                    include_str!("../kernels/skinny.cu"),
                 ),
             },
         )),*]
@@ -83,9 +88,13 @@ const TWO_ROWS_FROM: usize = 4096;
 
 /// Rows per warp and step of `argmax_rows` (`ARGMAX_ROWS` in matmul.cu).
 const ARGMAX_ROWS: usize = 4;
-/// CTAs of `argmax_rows`, and so the size of the partials buffer: enough
-/// to fill every SM; larger vocabularies are covered by striding.
-const ARGMAX_PARTIALS: usize = 2048;
+/// Most CTAs of `argmax_rows`: enough to fill every SM; larger
+/// vocabularies are covered by striding.
+const ARGMAX_CTAS: usize = 2048;
+/// Partial results of the argmax heads: `ARGMAX_CTAS` for one row,
+/// `rows x CTAs` for several (`argmax_tiles` takes fewer CTAs when many
+/// rows would not fit).
+const ARGMAX_PARTIALS: usize = 64 * ARGMAX_CTAS;
 /// f32 values of the dequant workspace (32 MiB): prefill dequantizes the
 /// weight in chunks of rows that fit, so the 262,144-row LM head needs 32
 /// MiB rather than its full 671 MB.
@@ -99,16 +108,31 @@ struct TypeKernels {
     embed: CudaFunction,
     argmax_rows: CudaFunction,
     argmax_finish: CudaFunction,
+    /// In [`GEMM_TOKENS`] order.
+    gemm: Vec<CudaFunction>,
+    argmax_tiles: Vec<CudaFunction>,
+    split_sum: CudaFunction,
 }
 
 /// The packed-weight ops of [`crate::CudaBackend`].
 pub(crate) struct Matmul {
     kernels: Mutex<HashMap<GgmlType, Arc<TypeKernels>>>,
-    /// One orderable (dot, row) key per `argmax_rows` CTA.
+    /// One orderable (dot, row) key per argmax CTA and hidden row.
     partials: CudaSlice<u64>,
+    /// Partial sums of a GEMM split along k.
+    split: CudaSlice<f32>,
+    /// Streaming multiprocessors of the GPU (split and grid sizes).
+    sms: usize,
     /// Dequantized weight rows for SGEMM; allocated on the first prefill
     /// (never during a graph capture), then kept.
     workspace: Mutex<Option<CudaSlice<f32>>>,
+}
+
+/// `KILN_CUDA_SKINNY=0` sends 2..=8 token rows to the per-warp `matvec`
+/// shapes and more to SGEMM, as before the tiled GEMM (for A/B timing).
+fn skinny_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("KILN_CUDA_SKINNY").map_or(true, |v| v.trim() != "0"))
 }
 
 /// A [`ModelError::Backend`] about a buffer too short for an op.
@@ -139,9 +163,16 @@ fn as_i32(what: &str, v: usize) -> Result<i32> {
 
 impl Matmul {
     pub(crate) fn new(gpu: &Gpu) -> Result<Self> {
+        use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT as SMS;
+        let sms = gpu
+            .ctx
+            .attribute(SMS)
+            .map_err(|e| cuda_err("reading the SM count", e))?;
         Ok(Matmul {
             kernels: Mutex::default(),
             partials: gpu.alloc::<u64>(ARGMAX_PARTIALS, "argmax partials")?,
+            split: gpu.alloc::<f32>(SPLIT_FLOATS, "split partial sums")?,
+            sms: usize::try_from(sms).unwrap_or(1).max(1),
             workspace: Mutex::new(None),
         })
     }
@@ -172,6 +203,9 @@ impl Matmul {
         check_len("matmul output of", &w.name, n_tok * n_rows, out.len())?;
         if n_tok == 0 || n_rows == 0 {
             return Ok(());
+        }
+        if n_tok > 1 && n_tok <= GEMM_MAX_TOKENS && skinny_enabled() {
+            return self.gemm(gpu, &k, w, row0, n_rows, x, n_tok, out);
         }
         if n_tok > MATVEC_MAX_TOKENS {
             return self.matmul_sgemm(gpu, &k, w, row0, n_rows, x, n_tok, out);
@@ -293,28 +327,38 @@ impl Matmul {
             gpu.ptr(&table.data, 0), row_bytes, rows, cols, ids, n_tok, scale, gpu.ptr(out, 0))
     }
 
-    /// `ids[slot] = argmax_r dot(W[r], h[row])`: ties go to the lowest r,
-    /// and any non-finite dot gives `u32::MAX` (the host reports it).
-    /// Nothing is copied to the host and nothing allocated.
+    /// `ids[slot0 + i] = argmax_r dot(W[r], h[row0 + i])` for `i < n`: ties
+    /// go to the lowest r, and any non-finite dot gives `u32::MAX` (the
+    /// host reports it). Nothing is copied to the host and nothing
+    /// allocated. One row takes the GEMV-shaped kernel; several, the tiled
+    /// one, which reads each head row once for all of them.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn argmax(
         &self,
         gpu: &Gpu,
         w: &CudaWeight,
         h: &CudaSlice<f32>,
-        row: usize,
+        row0: usize,
+        n: usize,
         ids: &mut CudaSlice<u32>,
-        slot: usize,
+        slot0: usize,
     ) -> Result<()> {
         let k = self.kernels_for(gpu, w)?;
-        check_len("argmax input of", &w.name, (row + 1) * w.cols, h.len())?;
-        check_len("argmax id of", &w.name, slot + 1, ids.len())?;
+        check_len("argmax input of", &w.name, (row0 + n) * w.cols, h.len())?;
+        check_len("argmax ids of", &w.name, slot0 + n, ids.len())?;
         if w.rows == 0 || w.rows >= u32::MAX as usize {
             return Err(ModelError::Backend(format!(
                 "argmax over {}: {} rows (1 to 2^32 - 2)",
                 w.name, w.rows
             )));
         }
-        let ctas = w.rows.div_ceil(WARPS * ARGMAX_ROWS).min(ARGMAX_PARTIALS);
+        match n {
+            0 => return Ok(()),
+            1 => {}
+            _ => return self.argmax_tiles(gpu, &k, w, h, row0, n, ids, slot0),
+        }
+        let (row, slot) = (row0, slot0);
+        let ctas = w.rows.div_ceil(WARPS * ARGMAX_ROWS).min(ARGMAX_CTAS);
         let cfg = grid((ctas, 1), BLOCK);
         let (row_bytes, rows, cols) = (
             w.row_bytes as u64,
@@ -348,12 +392,21 @@ impl Matmul {
             .iter()
             .map(|(nt, r)| gpu.function(src, &format!("matvec_{suffix}_t{nt}r{r}")))
             .collect::<Result<Vec<_>>>();
+        let tiled = |op: &str| {
+            GEMM_TOKENS
+                .iter()
+                .map(|nt| gpu.function(src, &format!("{op}_{suffix}_t{nt}")))
+                .collect::<Result<Vec<_>>>()
+        };
         let k = Arc::new(TypeKernels {
             matvec: matvec?,
             dequant_rows: get("dequant_rows")?,
             embed: get("embed")?,
             argmax_rows: get("argmax_rows")?,
             argmax_finish: get("argmax_finish")?,
+            gemm: tiled("gemm")?,
+            argmax_tiles: tiled("argmax_tiles")?,
+            split_sum: get("gemm_split_sum")?,
         });
         map.insert(w.ty, k.clone());
         Ok(k)
@@ -421,7 +474,19 @@ mod tests {
                 let name = format!("matvec_{suffix}_t{nt}r{r}");
                 assert!(ptx.contains(&format!(".entry {name}(")), "{ty}: no {name}");
             }
-            for op in ["dequant_rows", "embed", "argmax_rows", "argmax_finish"] {
+            for nt in GEMM_TOKENS {
+                for op in ["gemm", "argmax_tiles"] {
+                    let name = format!("{op}_{suffix}_t{nt}");
+                    assert!(ptx.contains(&format!(".entry {name}(")), "{ty}: no {name}");
+                }
+            }
+            for op in [
+                "dequant_rows",
+                "embed",
+                "argmax_rows",
+                "argmax_finish",
+                "gemm_split_sum",
+            ] {
                 assert!(
                     ptx.contains(&format!(".entry {op}_{suffix}(")),
                     "{ty}: no {op}"

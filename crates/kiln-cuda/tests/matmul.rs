@@ -1,5 +1,6 @@
-//! The packed-weight ops of the CUDA backend (matmul: GEMV, skinny GEMM
-//! and dequant + SGEMM prefill; embed; the greedy argmax head) held to
+//! The packed-weight ops of the CUDA backend (matmul: GEMV, the tiled
+//! batched-decode GEMM with and without its split along k, and dequant +
+//! SGEMM prefill; embed; the greedy argmax head, one and several rows) held to
 //! their CPU twin for every weight type: random weights packed by
 //! kiln-quant, dequantized by kiln-quant, dotted in f64.
 //!
@@ -201,18 +202,44 @@ fn matmul_matches_cpu_for_every_type_and_token_count() {
     for ty in TYPES {
         // 300 rows: not a multiple of the rows per CTA.
         let w = random_weight(&be, ty, 300, &mut rng);
-        // GEMV, every skinny width (padded ones too), and SGEMM prefill.
-        for n_tok in [1, 2, 3, 4, 5, 8, 9, 33] {
+        // GEMV, every token tile of the tiled GEMM (full and padded; 300
+        // rows of the K-quants' 96 units split along k), and SGEMM prefill.
+        for n_tok in [1, 2, 3, 5, 8, 9, 16, 17, 32, 33, 63, 64, 65] {
             fails.extend(check_matmul(&be, &w, 0, w.rows, n_tok, &mut rng));
         }
         // A slice of the rows (row0 > 0: rows at unaligned offsets).
-        for n_tok in [1, 4, 17] {
+        for n_tok in [1, 4, 17, 70] {
             fails.extend(check_matmul(&be, &w, 7, 250, n_tok, &mut rng));
         }
         // Enough rows for the two-rows-per-warp GEMV, with an odd tail.
         let tall = random_weight(&be, ty, 4099, &mut rng);
         fails.extend(check_matmul(&be, &tall, 0, tall.rows, 1, &mut rng));
         fails.extend(check_matmul(&be, &tall, 1, 4097, 1, &mut rng));
+    }
+    report(fails);
+}
+
+/// Row length of the split test: long enough for many splits of 32 units
+/// and not a multiple of the 64-value tile, in whole blocks of `ty`.
+fn long_cols_for(ty: GgmlType) -> usize {
+    4096 + ty.block_elems().max(8)
+}
+
+#[test]
+fn batched_gemm_splits_along_k_for_every_type() {
+    let Some(be) = backend() else { return };
+    let mut rng = Rng(0x5eed);
+    let mut fails = Vec::new();
+    for ty in TYPES {
+        // 70 rows: two row tiles, far too few CTAs, so k is split (the last
+        // split shorter than the others).
+        let (rows, cols) = (70, long_cols_for(ty));
+        let bytes = pack(ty, &rng.floats(rows * cols, 1.0), &mut rng);
+        let w = upload(&be, ty, rows, cols, bytes);
+        for n_tok in [2, 8, 24, 64] {
+            fails.extend(check_matmul(&be, &w, 0, rows, n_tok, &mut rng));
+        }
+        fails.extend(check_matmul(&be, &w, 3, 60, 11, &mut rng));
     }
     report(fails);
 }
@@ -227,8 +254,8 @@ fn prefill_crosses_dequant_workspace_chunks() {
         let (rows, cols) = (2100, 4096);
         let bytes = pack(ty, &rng.floats(rows * cols, 1.0), &mut rng);
         let w = upload(&be, ty, rows, cols, bytes);
-        fails.extend(check_matmul(&be, &w, 0, rows, 12, &mut rng));
-        fails.extend(check_matmul(&be, &w, 30, 2060, 9, &mut rng));
+        fails.extend(check_matmul(&be, &w, 0, rows, 80, &mut rng));
+        fails.extend(check_matmul(&be, &w, 30, 2060, 65, &mut rng));
     }
     report(fails);
 }

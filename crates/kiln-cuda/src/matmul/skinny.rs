@@ -1,0 +1,153 @@
+//! The batched-decode products of kernels/skinny.cu: the tiled GEMM for
+//! 2..=64 token rows (split along k when the matrix alone would leave SMs
+//! idle) and the greedy head over several hidden rows at once.
+
+use cudarc::driver::{CudaSlice, LaunchConfig};
+use kiln_model::{ModelError, Result};
+
+use super::{as_i32, grid, Matmul, TypeKernels, BLOCK, FINISH_BLOCK};
+use crate::gpu::Gpu;
+use crate::ops::launch;
+use crate::weight::CudaWeight;
+
+/// Token tiles of `gemm_*_t*` and `argmax_tiles_*_t*` (`KILN_SKINNY` in
+/// skinny.cu); a step takes the smallest that holds its rows.
+pub(super) const GEMM_TOKENS: [usize; 4] = [8, 16, 32, 64];
+/// Most token rows of the tiled GEMM; more go through SGEMM.
+pub(super) const GEMM_MAX_TOKENS: usize = 64;
+/// Weight rows and 8-value units of a tile, and threads of a CTA
+/// (`TILE_ROWS`, `TILE_UNITS`, `TILE_THREADS`).
+const TILE_ROWS: usize = 64;
+const TILE_UNITS: usize = 8;
+const TILE_THREADS: u32 = 256;
+/// A GEMM whose tiles make fewer CTAs than this many per SM is split
+/// along k, each split covering at least `MIN_SPLIT_UNITS` units.
+const CTAS_PER_SM: usize = 2;
+const MIN_SPLIT_UNITS: usize = 32;
+/// f32 partial sums of the split workspace. Splits are made only while
+/// the tiles number under `CTAS_PER_SM` per SM, so `splits * n_tok *
+/// n_rows` stays near `CTAS_PER_SM * SMs * 64 * 64` (about 2.2M on an
+/// H200); a larger product takes fewer splits.
+pub(super) const SPLIT_FLOATS: usize = 4 << 20;
+/// CTAs of `argmax_tiles` per SM (each strides over row tiles).
+const ARGMAX_CTAS_PER_SM: usize = 8;
+
+/// Index into [`GEMM_TOKENS`] of the tile for `n_tok` rows (the last one
+/// for more: the grid then spans several token tiles).
+fn token_tile(n_tok: usize) -> usize {
+    GEMM_TOKENS
+        .iter()
+        .position(|&t| t >= n_tok)
+        .unwrap_or(GEMM_TOKENS.len() - 1)
+}
+
+impl Matmul {
+    /// `out[t, r] = Σ_c x[t, c] · W[row0 + r, c]` by the tiled kernel
+    /// (shapes checked by the caller).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn gemm(
+        &self,
+        gpu: &Gpu,
+        k: &TypeKernels,
+        w: &CudaWeight,
+        row0: usize,
+        n_rows: usize,
+        x: &CudaSlice<f32>,
+        n_tok: usize,
+        out: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        let tile = token_tile(n_tok);
+        let z = n_tok.div_ceil(GEMM_TOKENS[tile]);
+        let tiles = n_rows.div_ceil(TILE_ROWS) * z;
+        let n_units = w.cols / 8;
+        let target = CTAS_PER_SM * self.sms;
+        let splits = if tiles >= target {
+            1
+        } else {
+            target
+                .div_ceil(tiles)
+                .min(n_units / MIN_SPLIT_UNITS)
+                .min(SPLIT_FLOATS / (n_tok * n_rows))
+                .max(1)
+        };
+        let per_split = n_units.div_ceil(splits).next_multiple_of(TILE_UNITS);
+        let splits = n_units.div_ceil(per_split);
+        let cfg = LaunchConfig {
+            grid_dim: (n_rows.div_ceil(TILE_ROWS) as u32, splits as u32, z as u32),
+            block_dim: (TILE_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let dst = if splits == 1 {
+            gpu.ptr(out, 0)
+        } else {
+            gpu.ptr(&self.split, 0)
+        };
+        let what = format!("gemm on {}", w.name);
+        let (row0, rows_i) = (as_i32("row0", row0)?, as_i32("rows", n_rows)?);
+        let (cols, n_tok_i) = (as_i32("cols", w.cols)?, as_i32("tokens", n_tok)?);
+        // Reads rows row0..row0+n_rows of the weight and n_tok * cols of x
+        // (checked by the caller); writes n_tok * n_rows values of out, or
+        // splits * n_tok * n_rows <= SPLIT_FLOATS of the workspace.
+        launch!(gpu, &k.gemm[tile], cfg, &what;
+            gpu.ptr(&w.data, 0), w.row_bytes as u64, row0, rows_i, cols, gpu.ptr(x, 0), n_tok_i,
+            per_split as i32, dst)?;
+        if splits == 1 {
+            return Ok(());
+        }
+        let n = n_tok * n_rows;
+        let cfg = grid((n.div_ceil(BLOCK as usize).min(4096), 1), BLOCK);
+        // Reads splits * n partial sums (written above), writes n of out.
+        launch!(gpu, &k.split_sum, cfg, &what;
+            gpu.ptr(&self.split, 0), splits as i32, n as i32, gpu.ptr(out, 0))
+    }
+
+    /// `ids[slot0 + i] = argmax_r dot(W[r], h[row0 + i])` for `i < n`, each
+    /// head row read once for all `n` hidden rows; ties and non-finite
+    /// dots as [`Matmul::argmax`] (shapes checked by the caller).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn argmax_tiles(
+        &self,
+        gpu: &Gpu,
+        k: &TypeKernels,
+        w: &CudaWeight,
+        h: &CudaSlice<f32>,
+        row0: usize,
+        n: usize,
+        ids: &mut CudaSlice<u32>,
+        slot0: usize,
+    ) -> Result<()> {
+        let tile = token_tile(n);
+        let z = n.div_ceil(GEMM_TOKENS[tile]);
+        let ctas = w
+            .rows
+            .div_ceil(TILE_ROWS)
+            .min(ARGMAX_CTAS_PER_SM * self.sms)
+            .min(self.partials.len() / n);
+        if ctas == 0 {
+            return Err(ModelError::Backend(format!(
+                "argmax over {}: {n} rows at once exceed the {} partials",
+                w.name,
+                self.partials.len()
+            )));
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (ctas as u32, z as u32, 1),
+            block_dim: (TILE_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let what = format!("argmax on {}", w.name);
+        let (rows, cols) = (as_i32("rows", w.rows)?, as_i32("cols", w.cols)?);
+        let n_i = as_i32("argmax rows", n)?;
+        // Reads every weight row and h rows row0..row0+n (checked); writes
+        // n * ctas <= partials.len() partials.
+        launch!(gpu, &k.argmax_tiles[tile], cfg, &what;
+            gpu.ptr(&w.data, 0), w.row_bytes as u64, rows, cols, gpu.ptr(h, row0 * w.cols), n_i,
+            gpu.ptr(&self.partials, 0))?;
+        let cfg = grid((n, 1), FINISH_BLOCK);
+        let slot0 = as_i32("slot", slot0)?;
+        // Reads the n * ctas partials just written, writes ids[slot0..slot0+n]
+        // (checked).
+        launch!(gpu, &k.argmax_finish, cfg, &what;
+            gpu.ptr(&self.partials, 0), ctas as i32, gpu.ptr(ids, 0), slot0)
+    }
+}
