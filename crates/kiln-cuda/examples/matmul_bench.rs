@@ -1,12 +1,17 @@
 //! Achieved memory bandwidth of the packed-weight kernels on a GPU: every
 //! weight type at the Gemma 3 270M / 1B / 4B matrix shapes (FFN up, FFN
 //! down, the 262,144-row LM head), for the decode GEMV (1 token), the
-//! skinny GEMM (8 tokens) and the greedy argmax head.
+//! batched-decode GEMM (2 to 64 tokens: `KILN_CUDA_SKINNY=0` times the
+//! older per-warp and SGEMM paths instead) and the greedy argmax head.
 //!
 //! ```sh
 //! cargo run --release -p kiln-cuda --example matmul_bench            # every type
 //! cargo run --release -p kiln-cuda --example matmul_bench -- Q4_K Q6_K
 //! ```
+//!
+//! Per call: microseconds, and GB/s of weight bytes (`tN`), or for several
+//! tokens also GFLOP/s of f32 FMAs (2 per weight and token: from ~4
+//! tokens on the tiled GEMM is bound by those, not by bytes).
 //!
 //! Each measurement enqueues `REPS` back-to-back calls inside one
 //! `run_step` (captured as a CUDA graph, then replayed, as the decode step
@@ -56,6 +61,11 @@ const SHAPES: [(&str, &str, usize, usize); 9] = [
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
+/// Token rows of the matmul lines (1: the decode GEMV; more: a batched
+/// decode step's GEMM) and of the argmax-head lines.
+const TOKENS: [usize; 7] = [1, 2, 4, 8, 16, 32, 64];
+const ARGMAX_ROWS: [usize; 4] = [1, 8, 32, 64];
+
 const REPS: usize = 50;
 const SAMPLES: usize = 15;
 
@@ -71,19 +81,8 @@ fn main() -> Result<()> {
         be.device_name()
     );
     println!(
-        "{:<6} {:<5} {:<9} {:>7} {:>6} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
-        "type",
-        "model",
-        "matrix",
-        "rows",
-        "cols",
-        "MB",
-        "t1 us",
-        "t1 GB/s",
-        "t8 us",
-        "t8 GB/s",
-        "argmax us",
-        "GB/s"
+        "{:<6} {:<5} {:<9} {:>7} {:>6} {:>8} {:<7} {:>3} {:>9} {:>8} {:>9}",
+        "type", "model", "matrix", "rows", "cols", "MB", "op", "S", "us", "GB/s", "GFLOP/s"
     );
     let mut key = 0u64;
     let mut rng = 0x2545_f491_4f6c_dd1du64;
@@ -92,11 +91,12 @@ fn main() -> Result<()> {
             continue;
         }
         for (model, matrix, rows, cols) in SHAPES {
+            let head = format!(
+                "{:<6} {model:<5} {matrix:<9} {rows:>7} {cols:>6}",
+                ty.name()
+            );
             if cols % ty.block_elems() != 0 {
-                println!(
-                    "{:<6} {model:<5} {matrix:<9} {rows:>7} {cols:>6}  n/a: not whole {ty} blocks",
-                    ty.name()
-                );
+                println!("{head}  n/a: not whole {ty} blocks");
                 continue;
             }
             // The kernels' speed does not depend on the values: random bytes.
@@ -109,9 +109,21 @@ fn main() -> Result<()> {
                 chunk.copy_from_slice(&rng.to_le_bytes()[..chunk.len()]);
             }
             let w = upload(&be, ty, rows, cols, bytes)?;
-            let mb = n_bytes as f64 / 1e6;
-            let mut cells = Vec::new();
-            for n_tok in [1, 8] {
+            let line = |op: &str, n: usize, t: f64| {
+                let flops = 2.0 * (rows * cols * n) as f64;
+                println!(
+                    "{head} {:>8.1} {op:<7} {n:>3} {:>9.2} {:>8.0} {:>9.0}",
+                    n_bytes as f64 / 1e6,
+                    t * 1e6,
+                    n_bytes as f64 / t / 1e9,
+                    flops / t / 1e9
+                );
+            };
+            // The LM head's logits are only wanted one row at a time; a
+            // batch takes the argmax head.
+            let lm_head = matrix == "lm_head";
+            let tokens: &[usize] = if lm_head { &[1] } else { &TOKENS };
+            for &n_tok in tokens {
                 key += 1;
                 let x = be.upload(&vec![0.5f32; n_tok * cols])?;
                 let mut out = be.alloc(n_tok * rows)?;
@@ -121,36 +133,27 @@ fn main() -> Result<()> {
                     }
                     Ok(())
                 })?;
-                cells.push(format!(
-                    "{:>9.2} {:>9.0}",
-                    t * 1e6,
-                    n_bytes as f64 / t / 1e9
-                ));
+                line("matmul", n_tok, t);
             }
-            if matrix == "lm_head" {
-                key += 1;
-                let h = be.upload(&vec![0.5f32; cols])?;
-                let mut step = be.new_step(1)?;
-                let mut input = StepInput::default();
-                input.push_seq(&[0], 0);
-                be.load_step(&input, &mut step)?;
-                let t = time(&be, key, &out_probe(&be)?, &mut || {
-                    for _ in 0..REPS {
-                        be.argmax_head(&w, &h, 0, &mut step)?;
+            if lm_head {
+                for n in ARGMAX_ROWS {
+                    key += 1;
+                    let h = be.upload(&vec![0.5f32; n * cols])?;
+                    let mut step = be.new_step(n)?;
+                    let mut input = StepInput::default();
+                    for _ in 0..n {
+                        input.push_seq(&[0], 0);
                     }
-                    Ok(())
-                })?;
-                cells.push(format!(
-                    "{:>9.2} {:>9.0}",
-                    t * 1e6,
-                    n_bytes as f64 / t / 1e9
-                ));
+                    be.load_step(&input, &mut step)?;
+                    let t = time(&be, key, &out_probe(&be)?, &mut || {
+                        for _ in 0..REPS {
+                            be.argmax_rows(&w, &h, 0..n, &mut step)?;
+                        }
+                        Ok(())
+                    })?;
+                    line("argmax", n, t);
+                }
             }
-            println!(
-                "{:<6} {model:<5} {matrix:<9} {rows:>7} {cols:>6} {mb:>10.1} {}",
-                ty.name(),
-                cells.join(" ")
-            );
         }
     }
     Ok(())

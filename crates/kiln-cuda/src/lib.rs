@@ -165,6 +165,29 @@ impl CudaBackend {
             .map_err(|e| gpu::cuda_err("synchronizing the stream", e))
     }
 
+    /// The greedy head over hidden rows `rows` of `h`: the id of row `r`
+    /// into the step's id `r` (`u32::MAX` where a logit is not finite),
+    /// each head row read once for all of them.
+    pub fn argmax_rows(
+        &self,
+        w: &CudaWeight,
+        h: &CudaBuf,
+        rows: std::ops::Range<usize>,
+        step: &mut CudaStep,
+    ) -> Result<()> {
+        check("argmax_head ids", rows.end, step.max_rows)?;
+        let n = rows.end.saturating_sub(rows.start);
+        self.matmul.argmax(
+            &self.gpu,
+            w,
+            &h.data,
+            rows.start,
+            n,
+            &mut step.ids,
+            rows.start,
+        )
+    }
+
     /// The step's sequence `seq`, checked against what the host passed.
     fn seq_of(step: &CudaStep, seq: usize, p0: usize) -> Result<()> {
         match step.host.seqs.get(seq) {
@@ -434,9 +457,7 @@ impl Backend for CudaBackend {
         row: usize,
         step: &mut CudaStep,
     ) -> Result<()> {
-        check("argmax_head id", row + 1, step.max_rows)?;
-        self.matmul
-            .argmax(&self.gpu, w, &h.data, row, 1, &mut step.ids, row)
+        self.argmax_rows(w, h, row..row + 1, step)
     }
 
     fn run_step(&self, key: Option<GraphKey>, f: &mut dyn FnMut() -> Result<()>) -> Result<()> {

@@ -394,3 +394,92 @@ fn bad_shapes_are_errors_not_launches() {
         "{e}"
     );
 }
+
+/// The greedy head's answers for hidden rows `rows` of `h`, computed in
+/// one call: an id per row, or `u32::MAX` for a non-finite dot.
+fn argmax_ids(
+    be: &CudaBackend,
+    w: &Packed,
+    h: &[f32],
+    rows: std::ops::Range<usize>,
+) -> Result<Vec<u32>, ModelError> {
+    let hb = be.upload(h)?;
+    let mut step = step_with(be, &vec![0u32; rows.end]);
+    be.argmax_rows(&w.dev, &hb, rows.clone(), &mut step)?;
+    let mut ids = vec![0u32; rows.end];
+    be.read_ids(&step, &mut ids)?;
+    Ok(ids[rows].to_vec())
+}
+
+/// Checks `got` (the head's id for x) against the f64 argmax over `w_rows`:
+/// the lowest row of the largest dot, or within rounding of it.
+fn check_argmax(what: &str, w_rows: &[Vec<f32>], x: &[f32], got: u32) -> Option<String> {
+    let dots: Vec<(f64, f64)> = w_rows.iter().map(|r| dot64(r, x)).collect();
+    let best = (0..dots.len()).fold(0, |b, r| if dots[r].0 > dots[b].0 { r } else { b });
+    if got as usize == best {
+        return None;
+    }
+    let near = (got as usize) < dots.len()
+        && (dots[best].0 - dots[got as usize].0) / dots[best].1 <= 2.0 * REL
+        && dots[got as usize].0 != dots[best].0;
+    if near {
+        println!("{what}: top-2 margin within rounding, got {got}, CPU {best}");
+        return None;
+    }
+    Some(format!("{what}: argmax {got}, want {best}"))
+}
+
+#[test]
+fn argmax_of_several_rows_matches_cpu_with_ties_and_nan() {
+    let Some(be) = backend() else { return };
+    let mut rng = Rng(29);
+    let mut fails = Vec::new();
+    // 67 rows: two token tiles of 64; 9: one padded tile of 16.
+    for ty in TYPES {
+        for (rows, n) in [(300, 67), (20_000, 9)] {
+            let mut w = random_weight(&be, ty, rows, &mut rng);
+            let (cols, row0) = (w.cols, 2);
+            let h = rng.floats((row0 + n) * cols, 1.0);
+            // A tie: the first hidden row's winner copied to a lower row
+            // (or to the last when it is row 0), so the rows' dots are
+            // equal for every hidden row; the reference below is taken on
+            // the final bytes and wants the lowest.
+            let x0 = &h[row0 * cols..(row0 + 1) * cols];
+            let best0 = (0..rows)
+                .map(|r| dot64(&w.row(r), x0).0)
+                .enumerate()
+                .fold(
+                    (0, f64::NEG_INFINITY),
+                    |b, (r, d)| if d > b.1 { (r, d) } else { b },
+                )
+                .0;
+            let dup = if best0 > 0 { best0 / 2 } else { rows - 1 };
+            let rb = w.row_bytes();
+            let winner = w.bytes[best0 * rb..(best0 + 1) * rb].to_vec();
+            w.bytes[dup * rb..(dup + 1) * rb].copy_from_slice(&winner);
+            let w = upload(&be, ty, rows, cols, w.bytes);
+            let w_rows: Vec<Vec<f32>> = (0..rows).map(|r| w.row(r)).collect();
+            match argmax_ids(&be, &w, &h, row0..row0 + n) {
+                Err(e) => fails.push(format!("{ty} {rows} rows x {n}: {e}")),
+                Ok(ids) => {
+                    for (i, &id) in ids.iter().enumerate() {
+                        let x = &h[(row0 + i) * cols..(row0 + i + 1) * cols];
+                        let what = format!("{ty} {rows} rows, hidden row {i} of {n}");
+                        fails.extend(check_argmax(&what, &w_rows, x, id));
+                    }
+                }
+            }
+            // A NaN in one head row makes every hidden row's answer MAX.
+            let mut bytes = w.bytes.clone();
+            let (at, nan) = nan_field(ty);
+            let r = rows / 3;
+            bytes[r * rb + at..r * rb + at + nan.len()].copy_from_slice(&nan);
+            let w = upload(&be, ty, rows, cols, bytes);
+            match argmax_ids(&be, &w, &h, row0..row0 + n) {
+                Ok(ids) if ids.iter().all(|&id| id == u32::MAX) => {}
+                other => fails.push(format!("{ty} {rows} rows x {n} with a NaN row: {other:?}")),
+            }
+        }
+    }
+    report(fails);
+}
