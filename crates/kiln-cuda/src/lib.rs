@@ -509,12 +509,15 @@ impl Backend for CudaBackend {
         &self,
         w: &CudaWeight,
         h: &CudaBuf,
-        row: usize,
+        rows: std::ops::Range<usize>,
         step: &mut CudaStep,
     ) -> Result<()> {
-        check("argmax_head id", row + 1, step.max_rows)?;
-        self.matmul
-            .argmax(&self.gpu, w, &h.data, row, &mut step.ids, row)
+        check("argmax_head id", rows.end, step.max_rows)?;
+        for row in rows {
+            self.matmul
+                .argmax(&self.gpu, w, &h.data, row, &mut step.ids, row)?;
+        }
+        Ok(())
     }
 
     fn run_step(&self, key: Option<GraphKey>, f: &mut dyn FnMut() -> Result<()>) -> Result<()> {

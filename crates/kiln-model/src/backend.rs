@@ -395,17 +395,19 @@ pub trait Backend: Send + Sync {
     }
     /// `x[i] = c * tanh(x[i] / c)` for `i < n`.
     fn softcap(&self, x: &mut Self::Buf, c: f32, n: usize) -> Result<()>;
-    /// Index of the largest logit of row `row` of `h` against `W` (ties:
-    /// lowest id), without materialising the logits, into the step's id
-    /// `row` ([`Backend::read_ids`]). Softcaps are monotonic, so they do
-    /// not change it. A non-finite logit is an error
-    /// ([`crate::ModelError::NonFiniteLogit`], `pos` 0: the model fills it
-    /// in), or, where the backend cannot report it at once, id `u32::MAX`.
+    /// For each row `r` of `rows`: the index of the largest logit of row
+    /// `r` of `h` against `W` (ties: lowest id) into the step's id `r`
+    /// ([`Backend::read_ids`]), without materialising the logits. Softcaps
+    /// are monotonic, so they do not change it. A row with a non-finite
+    /// logit gets id `u32::MAX`, so the other rows of a batch stand; with
+    /// a single row a backend may instead return
+    /// [`crate::ModelError::NonFiniteLogit`] (`pos` 0: the model fills it
+    /// in).
     fn argmax_head(
         &self,
         w: &Self::Weight,
         h: &Self::Buf,
-        row: usize,
+        rows: std::ops::Range<usize>,
         step: &mut Self::Step,
     ) -> Result<()>;
 

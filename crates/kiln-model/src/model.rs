@@ -591,10 +591,9 @@ impl<B: Backend> Model<B> {
         let head = self.output.as_ref().unwrap_or(&self.token_embd);
 
         // Output rows, gathered into `s.h` in three groups: rows whose
-        // logits come to the host, then the argmax-head row (one sequence
-        // only: a batch takes its argmax from logits, so one sequence's
-        // bad logit fails only that sequence), then hidden rows.
-        let argmax_head = seqs.len() == 1 && seqs[0].output == Output::Argmax;
+        // logits come to the host, then the argmax-head rows (one per
+        // greedy sequence; a bad logit fails only its own sequence), then
+        // hidden rows.
         let mut plan = std::mem::take(&mut s.plan);
         plan.clear();
         let mut n_logits = 0;
@@ -605,7 +604,7 @@ impl<B: Backend> Model<B> {
                 _ => (sp.n_rows - 1, 1),
             };
             let group = match q.output {
-                Output::Argmax if argmax_head => 1,
+                Output::Argmax => 1,
                 Output::LastHidden | Output::AllHidden => 2,
                 _ => 0,
             };
@@ -617,7 +616,8 @@ impl<B: Backend> Model<B> {
                 dst: 0,
             });
         }
-        let mut at = [0, n_logits, n_logits + usize::from(argmax_head)];
+        let n_argmax = plan.iter().filter(|o| o.group == 1).count();
+        let mut at = [0, n_logits, n_logits + n_argmax];
         for o in plan.iter_mut() {
             o.dst = at[o.group];
             at[o.group] += o.rows;
@@ -627,7 +627,7 @@ impl<B: Backend> Model<B> {
         // Host work inside a step (debug taps, MoE routing) cannot be
         // replayed.
         let replayable = !self.dump_layer0 && cfg.layers.iter().all(|l| l.moe.is_none());
-        let key = if argmax_head && n == 1 && replayable {
+        let key = if n_argmax == 1 && n == 1 && replayable {
             let kv_end = s.input.seqs[0].p0 + 1;
             Some(GraphKey {
                 rows: 1,
@@ -650,8 +650,8 @@ impl<B: Backend> Model<B> {
                 self.per_layer_inputs(ple, n, s)?;
             }
             // The final norm rides on the last layer's last op when the
-            // output rows are the step's rows in order (a decode step).
-            let identity = plan.len() == 1 && plan[0].row == 0 && plan[0].rows == n;
+            // output rows are the step's rows in place (decode steps).
+            let identity = n_out == n && plan.iter().all(|o| o.row == o.dst);
             let mut h_ready = false;
             for (i, (l, w)) in cfg.layers.iter().zip(&self.layers).enumerate() {
                 let next_norm = match self.layers.get(i + 1) {
@@ -686,8 +686,8 @@ impl<B: Backend> Model<B> {
             if !h_ready {
                 b.rms_norm(&mut s.h, n_out, d, Some(&self.output_norm), cfg.rms_eps)?;
             }
-            if argmax_head {
-                b.argmax_head(head, &s.h, n_logits, &mut s.step)?;
+            if n_argmax > 0 {
+                b.argmax_head(head, &s.h, n_logits..n_logits + n_argmax, &mut s.step)?;
             }
             Ok(())
         };
@@ -728,21 +728,29 @@ impl<B: Backend> Model<B> {
             host.resize(n_logits * v, 0.0);
             b.lm_head_to_host(head, &s.h, n_logits, cfg.final_softcap, &mut s.logits, host)?;
         }
+        let n_ids = plan
+            .iter()
+            .filter(|o| o.group == 1)
+            .map(|o| o.dst + 1)
+            .max();
+        if let Some(n_ids) = n_ids {
+            s.ids_host.resize(n_ids, 0);
+            b.read_ids(&s.step, &mut s.ids_host)?;
+        }
         s.results.clear();
         for (q, o) in seqs.iter_mut().zip(plan) {
             let p_first = s.input.positions[o.row] as usize;
             s.results.push(match o.group {
                 1 => {
-                    let mut id = [0u32];
-                    b.read_ids(&s.step, &mut id)?;
-                    if id[0] as usize >= v {
+                    let id = s.ids_host[o.dst];
+                    if id as usize >= v {
                         Err(ModelError::NonFiniteLogit {
                             pos: p_first,
-                            token: id[0],
+                            token: id,
                             value: f32::NAN,
                         })
                     } else {
-                        Ok(Some(id[0]))
+                        Ok(Some(id))
                     }
                 }
                 2 => {
@@ -1208,6 +1216,8 @@ pub struct Scratch<B: Backend> {
     logits: Option<B::Buf>,
     /// Logits of a step's output rows on the host, split per sequence.
     logits_host: Vec<f32>,
+    /// The argmax head's ids of a step, read back at once.
+    ids_host: Vec<u32>,
     /// The step's output rows per sequence, and each sequence's result.
     plan: Vec<OutRows>,
     results: Vec<Result<Option<u32>>>,
@@ -1292,6 +1302,7 @@ impl<B: Backend> Scratch<B> {
             moe_out: b.alloc(if ne > 0 { n * d } else { 0 })?,
             logits: None,
             logits_host: Vec::new(),
+            ids_host: Vec::new(),
             plan: Vec::new(),
             results: Vec::new(),
             input: StepInput::default(),
