@@ -5,6 +5,7 @@
 
 mod attention;
 mod buf;
+mod head;
 mod matmul;
 mod par;
 
@@ -580,9 +581,28 @@ impl Backend for CpuBackend {
         self.lm_head_into(w, h, n_tok, softcap, out)
     }
 
-    fn argmax_head(&self, w: &CpuWeight, h: &CpuBuf, row: usize, step: &mut CpuStep) -> Result<()> {
-        check("argmax_head", (row + 1) * w.cols, h.len())?;
-        check("argmax_head id", row + 1, step.ids.len())?;
+    fn argmax_head(
+        &self,
+        w: &CpuWeight,
+        h: &CpuBuf,
+        rows: std::ops::Range<usize>,
+        step: &mut CpuStep,
+    ) -> Result<()> {
+        check("argmax_head", rows.end * w.cols, h.len())?;
+        check("argmax_head id", rows.end, step.ids.len())?;
+        if rows.len() != 1 {
+            let h = &h[rows.start * w.cols..rows.end * w.cols];
+            let mut picks = Vec::new();
+            head::argmax_batch(&self.par, self.isa, w, h, exact_argmax(), &mut picks)?;
+            for (id, m) in step.ids[rows].iter_mut().zip(picks) {
+                *id = match m.non_finite {
+                    Some(_) => u32::MAX,
+                    None => m.index as u32,
+                };
+            }
+            return Ok(());
+        }
+        let row = rows.start;
         let h = &h[row * w.cols..(row + 1) * w.cols];
         let screened = if exact_argmax() {
             None

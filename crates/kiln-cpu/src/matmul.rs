@@ -37,19 +37,19 @@ struct Screen {
     parts: Vec<Option<std::result::Result<f32, kiln_kernels::KernelError>>>,
 }
 
-fn kernel_err(w: &CpuWeight, e: kiln_kernels::KernelError) -> ModelError {
+pub(crate) fn kernel_err(w: &CpuWeight, e: kiln_kernels::KernelError) -> ModelError {
     ModelError::Backend(format!("{}: {e}", w.name))
 }
 
 /// Rows per task: about `TASKS_PER_THREAD` tasks per thread, at least
 /// `min`, a multiple of 16 (the GEMM micro-kernel's row tiles).
-fn rows_per_task(par: &Par, rows: usize, min: usize, max: usize) -> usize {
+pub(crate) fn rows_per_task(par: &Par, rows: usize, min: usize, max: usize) -> usize {
     let want = rows.div_ceil(par.threads() * TASKS_PER_THREAD);
     want.clamp(min, max).next_multiple_of(16)
 }
 
 /// Packed bytes of rows `r0..r0 + n` (the last row without padding).
-fn rows_bytes<'a>(w: &CpuWeight, data: &'a [u8], r0: usize, n: usize) -> &'a [u8] {
+pub(crate) fn rows_bytes<'a>(w: &CpuWeight, data: &'a [u8], r0: usize, n: usize) -> &'a [u8] {
     let packed = w.cols / w.ty.block_elems() * w.ty.block_bytes();
     &data[r0 * w.row_bytes..(r0 + n - 1) * w.row_bytes + packed]
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use common::*;
 use kiln_cpu::CpuBackend;
 use kiln_gguf::{write::GgufWriter, Gguf};
-use kiln_model::{Model, ModelError, Output};
+use kiln_model::{BatchSeq, Model, ModelError, Output};
 
 fn tiny() -> Model<CpuBackend> {
     load(&kiln_testdata::fixture("gemma3-tiny/model-f32.gguf"))
@@ -187,4 +187,55 @@ fn failed_forward_leaves_a_consistent_cache() {
         .forward(&b, &mut cache, &mut s, Output::LastLogits, &mut out)
         .is_err());
     assert!(cache.is_empty());
+}
+
+/// In a batch, a sequence whose greedy head meets a NaN logit fails alone
+/// (its cache rolled back) while a full-logits sequence of the same step
+/// reports its own error and the step itself succeeds.
+#[test]
+fn nan_logits_fail_each_batched_sequence_alone() {
+    let m = Model::load(CpuBackend::new(), poisoned(300)).unwrap();
+    let mut s = m.new_scratch(8).unwrap();
+    let (a, b) = ([2u32, 10], [2u32, 11, 12]);
+    let (mut ca, mut cb, mut cc) = (
+        m.new_cache().unwrap(),
+        m.new_cache().unwrap(),
+        m.new_cache().unwrap(),
+    );
+    let (mut oa, mut ob, mut oc) = (Vec::new(), Vec::new(), Vec::new());
+    let mut seqs = [
+        BatchSeq {
+            tokens: &a,
+            cache: &mut ca,
+            output: Output::Argmax,
+            out: &mut oa,
+        },
+        BatchSeq {
+            tokens: &b,
+            cache: &mut cb,
+            output: Output::Argmax,
+            out: &mut ob,
+        },
+        BatchSeq {
+            tokens: &a,
+            cache: &mut cc,
+            output: Output::LastLogits,
+            out: &mut oc,
+        },
+    ];
+    let results = m.forward_batch(&mut seqs, &mut s).unwrap();
+    for (i, r) in results.into_iter().enumerate() {
+        match r {
+            Err(e @ ModelError::NonFiniteLogit { .. }) => {
+                let pos = if i == 1 { 2 } else { 1 };
+                assert!(
+                    e.to_string()
+                        .starts_with(&format!("NaN in logits at position {pos}")),
+                    "{e}"
+                );
+            }
+            other => panic!("sequence {i}: {other:?}"),
+        }
+    }
+    assert!(ca.is_empty() && cb.is_empty() && cc.is_empty());
 }

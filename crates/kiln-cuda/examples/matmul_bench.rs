@@ -147,7 +147,7 @@ fn main() -> Result<()> {
                     be.load_step(&input, &mut step)?;
                     let t = time(&be, key, &out_probe(&be)?, &mut || {
                         for _ in 0..REPS {
-                            be.argmax_rows(&w, &h, 0..n, &mut step)?;
+                            be.argmax_head(&w, &h, 0..n, &mut step)?;
                         }
                         Ok(())
                     })?;

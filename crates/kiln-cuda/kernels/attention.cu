@@ -16,8 +16,9 @@
 // 8 scores spread over the lanes, then max, exp and the V rows' update.
 //
 // Decode (one query token): split-K. Every warp takes `chunk` keys of the
-// visible range and writes a partial (max, sum, unnormalised output);
-// attn_merge combines them. Prefill: every warp folds all keys its rows
+// visible range and writes a partial (max, sum, unnormalised output); the
+// last block of each (KV head, row group) to finish combines them (one
+// kernel, no merge launch). Prefill: every warp folds all keys its rows
 // see, then normalises in place.
 
 #define TILE 8
@@ -32,6 +33,7 @@ struct AttnArgs {
     float* part_acc; // decode partials [n_head][n_splits][HD]
     float* part_ml;  // decode partials [n_head][n_splits][2]: max, sum
     const u32* seq_p0;
+    u32* done; // decode: finished blocks per (KV head, row group); 0 between calls
     u32 seq;
     u32 n_tok;
     u32 n_head;
@@ -43,6 +45,22 @@ struct AttnArgs {
     float softcap; // 0: none
     u32 pad_;
 };
+
+// As load_slice, through L2 only: what other blocks of the same kernel wrote
+// (an SM's L1 is not coherent with them).
+template <int E>
+__device__ __forceinline__ void load_slice_l2(const float* p, float (&v)[E]) {
+    if (E % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < E / 4; ++i) {
+            const float4 t = __ldcg(reinterpret_cast<const float4*>(p) + i);
+            v[4 * i] = t.x; v[4 * i + 1] = t.y; v[4 * i + 2] = t.z; v[4 * i + 3] = t.w;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < E; ++i) v[i] = __ldcg(p + i);
+    }
+}
 
 template <int E>
 __device__ __forceinline__ void load_slice(const float* p, float (&v)[E]) {
@@ -205,8 +223,40 @@ __device__ __forceinline__ void init_rows(Rows<E, R>& s) {
     }
 }
 
+// The output of head h for one query token: its splits' partials combined,
+// sum_s exp(m_s - M) acc_s / sum_s exp(m_s - M) l_s, by one warp (lane l
+// holds elements l*E..). Splits in order, as the CPU folds its keys.
+template <int E>
+__device__ void merge_head(const AttnArgs& a, u32 h, u32 n_splits) {
+    const u32 lane = threadIdx.x % WARP, hd = E * WARP;
+    const float* ml = a.part_ml + (u64)h * n_splits * 2;
+    float mx = -INFINITY;
+    for (u32 s = lane; s < n_splits; s += WARP) mx = nan_max(mx, __ldcg(ml + 2 * s));
+    mx = warp_max(mx);
+    const float* acc = a.part_acc + (u64)h * n_splits * hd + lane * E;
+    float l = 0.0f, o[E];
+#pragma unroll
+    for (int e = 0; e < E; ++e) o[e] = 0.0f;
+#pragma unroll 4
+    for (u32 s = 0; s < n_splits; ++s) {
+        // An empty split (m = -inf, acc 0) weighs 0.
+        const float m = __ldcg(ml + 2 * s);
+        const float w = m == -INFINITY ? 0.0f : expf(m - mx);
+        l += w * __ldcg(ml + 2 * s + 1);
+        float v[E];
+        load_slice_l2<E>(acc + (u64)s * hd, v);
+#pragma unroll
+        for (int e = 0; e < E; ++e) o[e] += w * v[e];
+    }
+    const float inv = 1.0f / l;
+    float* out = a.out + (u64)h * hd + lane * E;
+#pragma unroll
+    for (int e = 0; e < E; ++e) out[e] = o[e] * inv;
+}
+
 // Decode: grid (split blocks, n_kv_head, row groups of R heads), each warp
-// one split of `chunk` keys; partials for attn_merge.
+// one split of `chunk` keys, writing its partials; the block that finishes
+// last in its (KV head, row group) merges them, a warp per head.
 template <int E, int R>
 __device__ void attn_decode(const AttnArgs& a) {
     const u32 lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
@@ -248,6 +298,22 @@ __device__ void attn_decode(const AttnArgs& a) {
             a.part_ml[2 * at] = s.m[r];
             a.part_ml[2 * at + 1] = s.l[r];
         }
+    }
+    // Partials out to L2 before this block counts itself done.
+    __shared__ u32 last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        u32* done = a.done + blockIdx.y * gridDim.z + blockIdx.z;
+        last = atomicAdd(done, 1u) == gridDim.x - 1;
+        if (last) *done = 0; // every block has counted: ready for the next call
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (u32 r = warp; r < R; r += blockDim.x / WARP) {
+        const u32 hg = blockIdx.z * R + r;
+        if (hg < g) merge_head<E>(a, kvh * g + hg, n_splits);
     }
 }
 
@@ -303,26 +369,3 @@ DECODE(1, 8)
 DECODE(2, 8)
 DECODE(4, 8)
 DECODE(8, 8)
-
-// out[h * hd + d] for one query token: the splits' partials combined,
-// sum_s exp(m_s - M) acc_s / sum_s exp(m_s - M) l_s. Grid n_head, block hd.
-extern "C" __global__ void attn_merge(const float* part_acc, const float* part_ml, float* out,
-                                      u32 n_splits, u32 hd) {
-    KERNEL_PROLOGUE();
-    const u32 h = blockIdx.x, d = threadIdx.x;
-    const float* ml = part_ml + (u64)h * n_splits * 2;
-    float mx = -INFINITY;
-#pragma unroll 8
-    for (u32 s = 0; s < n_splits; ++s) mx = nan_max(mx, ml[2 * s]);
-    float l = 0.0f, o = 0.0f;
-#pragma unroll 8
-    for (u32 s = 0; s < n_splits; ++s) {
-        // An empty split (m = -inf, acc 0) weighs 0; no branch, so the
-        // unrolled loads go out together.
-        const float m = ml[2 * s];
-        const float w = m == -INFINITY ? 0.0f : expf(m - mx);
-        l += w * ml[2 * s + 1];
-        o += w * part_acc[((u64)h * n_splits + s) * hd + d];
-    }
-    out[(u64)h * hd + d] = o * (1.0f / l);
-}

@@ -44,6 +44,9 @@ __device__ __forceinline__ void grid_dep_launch() {
         grid_dep_launch(); \
     } while (0)
 
+// Element i of n for each thread of a grid-stride launch.
+#define GRID_STRIDE(i, n) for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (u64)gridDim.x * blockDim.x)
+
 // Sum over the 32 lanes, in every lane.
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

@@ -63,7 +63,6 @@ extern "C" __global__ void rms_norm_v1(float* x, const float* w, u32 n_groups, u
 }
 
 // --- pointwise --------------------------------------------------------------
-#define GRID_STRIDE(i, n) for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (u64)gridDim.x * blockDim.x)
 
 // x[i] += y[i]
 extern "C" __global__ void add(float* x, const float* y, u64 n) {

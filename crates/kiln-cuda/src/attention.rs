@@ -1,12 +1,12 @@
 //! Launchers of `kernels/attention.cu`: flash-style prefill over causal and
-//! sliding-window masks (Gemma 2 softcap included) and split-K decode with
-//! a merge. Launch shapes depend only on the step's KV bucket, never on
+//! sliding-window masks (Gemma 2 softcap included) and split-K decode whose
+//! last block merges the partials. Launch shapes depend only on the step's KV bucket, never on
 //! `p0` itself, which the kernels read from the step: a graph captured for
 //! a bucket replays at every position inside it.
 
 use std::sync::Mutex;
 
-use cudarc::driver::{CudaFunction, CudaSlice, DeviceRepr, LaunchConfig};
+use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig};
 use kiln_model::{AttnParams, ModelError, Result};
 
 use crate::gpu::{Gpu, Source};
@@ -47,6 +47,7 @@ struct AttnArgs {
     part_acc: u64,
     part_ml: u64,
     seq_p0: u64,
+    done: u64,
     seq: u32,
     n_tok: u32,
     n_head: u32,
@@ -74,11 +75,14 @@ pub(crate) struct AttnBufs<'a> {
     pub seq_p0: u64,
 }
 
-/// The attention kernels and the decode partials' workspace.
+/// The decode partials' workspace and its per-block-group counters.
 pub(crate) struct Attention {
-    merge: CudaFunction,
     /// Decode partials (grown outside capture only).
     parts: Mutex<Option<CudaSlice<f32>>>,
+    /// Finished blocks per (KV head, row group) of a decode call, zero
+    /// between calls (the merging block resets its own; grown outside
+    /// capture only).
+    done: Mutex<Option<CudaSlice<u32>>>,
 }
 
 /// `E` (floats per lane) of a head dim the kernels take.
@@ -116,9 +120,11 @@ fn decode_splits(p: &AttnParams, row_groups: usize) -> (usize, usize) {
 
 impl Attention {
     pub(crate) fn new(gpu: &Gpu) -> Result<Attention> {
+        // Loads the source now: a missing or broken kernel fails here.
+        gpu.function(&ATTENTION, "attn_decode_e8_r4")?;
         Ok(Attention {
-            merge: gpu.function(&ATTENTION, "attn_merge")?,
             parts: Mutex::new(None),
+            done: Mutex::new(None),
         })
     }
 
@@ -191,7 +197,7 @@ impl Attention {
         }
     }
 
-    /// One query token: split-K partials, then the merge.
+    /// One query token: split-K partials, merged by each group's last block.
     fn decode(&self, gpu: &Gpu, mut a: AttnArgs, p: &AttnParams, e: usize) -> Result<()> {
         let g = p.n_head / p.n_kv_head;
         // Rows per warp: the group's heads, at most 8 (4 at E = 16, for
@@ -212,6 +218,13 @@ impl Attention {
         a.part_acc = gpu.ptr(w, 0);
         a.part_ml = gpu.ptr(w, p.n_head * splits * hd);
         a.chunk = to_u32("attention chunk", chunk)?;
+        let groups = p.n_kv_head * row_groups;
+        let mut done = self.done.lock().unwrap_or_else(|e| e.into_inner());
+        if done.as_ref().is_none_or(|d| d.len() < groups) {
+            *done = Some(gpu.alloc::<u32>(groups.max(256), "attention counters")?);
+            gpu.workspace_reallocated();
+        }
+        a.done = gpu.ptr(done.as_ref().expect("counters allocated above"), 0);
         let cfg = LaunchConfig {
             grid_dim: (
                 to_u32("attention splits", splits / DECODE_WARPS as usize)?,
@@ -222,13 +235,6 @@ impl Attention {
             shared_mem_bytes: 0,
         };
         let f = gpu.function(&ATTENTION, &format!("attn_decode_e{e}_r{r}"))?;
-        launch!(gpu, &f, cfg, "attention (decode)"; a)?;
-        let cfg = LaunchConfig {
-            grid_dim: (a.n_head, 1, 1),
-            block_dim: (to_u32("head dim", hd)?, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        launch!(gpu, &self.merge, cfg, "attention merge";
-            a.part_acc, a.part_ml, a.out, splits as u32, hd as u32)
+        launch!(gpu, &f, cfg, "attention (decode)"; a)
     }
 }

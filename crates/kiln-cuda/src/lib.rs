@@ -14,10 +14,12 @@
 //!
 //! Files: `gpu.rs` (context, stream, NVRTC and its cache), `weight.rs`
 //! (packed upload), `step.rs` (per-step device inputs), `graph.rs`
-//! (capture/replay), `ops.rs` + `kernels/elementwise.cu`, `attention.rs` +
+//! (capture/replay), `ops.rs` + `kernels/elementwise.cu`, `fused.rs` +
+//! `kernels/fused.cu` (one kernel for several ops), `attention.rs` +
 //! `kernels/attention.cu`, `matmul.rs` + `kernels/{quant.cuh,matmul.cu}`.
 
 mod attention;
+mod fused;
 mod gpu;
 mod graph;
 mod matmul;
@@ -31,10 +33,12 @@ use std::sync::Arc;
 use cudarc::driver::CudaSlice;
 use kiln_gguf::Gguf;
 use kiln_model::{
-    AttnParams, Backend, GraphKey, KvDst, ModelError, PastKv, Result, RopeConfig, StepInput,
+    AttnParams, Backend, GraphKey, HeadsPart, KvDst, ModelError, PastKv, Result, RopeConfig,
+    StepInput,
 };
 
 use crate::attention::{Attention, AttnBufs};
+use crate::fused::{Fused, SplitPart};
 use crate::gpu::Gpu;
 use crate::graph::Graphs;
 use crate::matmul::Matmul;
@@ -62,7 +66,7 @@ pub fn unavailable_reason() -> Option<String> {
 /// without a GPU; returns each source's name and image size. For tests.
 #[doc(hidden)]
 pub fn compile_kernel_sources(arch: &str) -> Result<Vec<(&'static str, usize)>> {
-    let mut sources = vec![&ops::ELEMENTWISE, &attention::ATTENTION];
+    let mut sources = vec![&ops::ELEMENTWISE, &fused::FUSED, &attention::ATTENTION];
     sources.extend(matmul::sources());
     sources
         .into_iter()
@@ -95,6 +99,7 @@ pub struct CudaStats {
 pub struct CudaBackend {
     gpu: Arc<Gpu>,
     ops: Ops,
+    fused: Fused,
     attention: Attention,
     matmul: Matmul,
     graphs: Graphs,
@@ -123,6 +128,7 @@ impl CudaBackend {
         let gpu = Arc::new(Gpu::new(ordinal)?);
         Ok(CudaBackend {
             ops: Ops::new(&gpu)?,
+            fused: Fused::new(&gpu)?,
             attention: Attention::new(&gpu)?,
             matmul: Matmul::new(&gpu)?,
             graphs: Graphs::default(),
@@ -163,29 +169,6 @@ impl CudaBackend {
             .stream
             .synchronize()
             .map_err(|e| gpu::cuda_err("synchronizing the stream", e))
-    }
-
-    /// The greedy head over hidden rows `rows` of `h`: the id of row `r`
-    /// into the step's id `r` (`u32::MAX` where a logit is not finite),
-    /// each head row read once for all of them.
-    pub fn argmax_rows(
-        &self,
-        w: &CudaWeight,
-        h: &CudaBuf,
-        rows: std::ops::Range<usize>,
-        step: &mut CudaStep,
-    ) -> Result<()> {
-        check("argmax_head ids", rows.end, step.max_rows)?;
-        let n = rows.end.saturating_sub(rows.start);
-        self.matmul.argmax(
-            &self.gpu,
-            w,
-            &h.data,
-            rows.start,
-            n,
-            &mut step.ids,
-            rows.start,
-        )
     }
 
     /// The step's sequence `seq`, checked against what the host passed.
@@ -406,6 +389,78 @@ impl Backend for CudaBackend {
         )
     }
 
+    fn concat_rows(&self, parts: &[&CudaWeight]) -> Result<Option<CudaWeight>> {
+        weight::concat(&self.gpu, parts)
+    }
+
+    fn add_rms_norm(
+        &self,
+        y: &mut CudaBuf,
+        post: &CudaBuf,
+        x: &mut CudaBuf,
+        x_row0: usize,
+        n: usize,
+        d: usize,
+        pre: Option<&CudaBuf>,
+        eps: f32,
+    ) -> Result<()> {
+        self.fused.add_rms_norm(
+            &self.gpu,
+            &mut y.data,
+            &post.data,
+            &mut x.data,
+            x_row0,
+            n,
+            d,
+            pre.map(|w| &w.data),
+            eps,
+        )
+    }
+
+    fn split_heads(
+        &self,
+        src: &CudaBuf,
+        n_tok: usize,
+        head_dim: usize,
+        parts: &mut [HeadsPart<'_, Self>],
+        rope: &RopeConfig,
+        eps: f32,
+        step: &CudaStep,
+    ) -> Result<()> {
+        check("split_heads positions", n_tok, step.host.rows())?;
+        let roped = parts.iter().any(|p| p.rope) && rope.n_rot >= 2;
+        let table = if roped {
+            self.ops.rope_table(&self.gpu, rope)?
+        } else {
+            0
+        };
+        let half = if roped { rope.n_rot / 2 } else { 0 };
+        let rope_args = (step.positions_ptr(&self.gpu), table, half);
+        let mut split: Vec<SplitPart<'_>> = parts
+            .iter_mut()
+            .map(|p| SplitPart {
+                dst: &mut p.dst.data,
+                heads: p.heads,
+                norm: p.norm.map(|w| &w.data),
+                rope: p.rope,
+            })
+            .collect();
+        self.fused.split_heads(
+            &self.gpu, &src.data, n_tok, head_dim, &mut split, rope_args, eps,
+        )
+    }
+
+    fn gelu_mul_halves(
+        &self,
+        gu: &CudaBuf,
+        n_tok: usize,
+        ff: usize,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        self.fused
+            .gelu_mul_halves(&self.gpu, &gu.data, n_tok, ff, &mut out.data)
+    }
+
     fn gelu_mul(&self, gate: &mut CudaBuf, up: &CudaBuf, n: usize) -> Result<()> {
         self.ops.gelu_mul(&self.gpu, &mut gate.data, &up.data, n)
     }
@@ -454,10 +509,22 @@ impl Backend for CudaBackend {
         &self,
         w: &CudaWeight,
         h: &CudaBuf,
-        row: usize,
+        rows: std::ops::Range<usize>,
         step: &mut CudaStep,
     ) -> Result<()> {
-        self.argmax_rows(w, h, row..row + 1, step)
+        check("argmax_head ids", rows.end, step.max_rows)?;
+        let n = rows.end.saturating_sub(rows.start);
+        // One row: the GEMV-shaped kernel; several: the tiled one, which
+        // reads each head row once for all of them.
+        self.matmul.argmax(
+            &self.gpu,
+            w,
+            &h.data,
+            rows.start,
+            n,
+            &mut step.ids,
+            rows.start,
+        )
     }
 
     fn run_step(&self, key: Option<GraphKey>, f: &mut dyn FnMut() -> Result<()>) -> Result<()> {

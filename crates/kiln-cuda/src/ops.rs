@@ -58,7 +58,7 @@ pub(crate) fn to_u32(what: &str, v: usize) -> Result<u32> {
 }
 
 /// A grid-stride launch over `n` elements.
-fn pointwise(n: usize) -> LaunchConfig {
+pub(crate) fn pointwise(n: usize) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (
             (n as u64).div_ceil(BLOCK as u64).clamp(1, MAX_BLOCKS) as u32,
@@ -277,7 +277,7 @@ impl Ops {
 
     /// The device address of `rope`'s inverse frequencies, uploaded on
     /// first use (a warm-up step, never a captured one).
-    fn rope_table(&self, gpu: &Gpu, rope: &RopeConfig) -> Result<u64> {
+    pub(crate) fn rope_table(&self, gpu: &Gpu, rope: &RopeConfig) -> Result<u64> {
         let mut tables = self.rope_tables.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((_, t)) = tables.iter().find(|(c, _)| c == rope) {
             return Ok(gpu.ptr(t, 0));

@@ -98,3 +98,48 @@ pub(crate) fn upload(gpu: &Gpu, gguf: &Arc<Gguf>, name: &str) -> Result<CudaWeig
         name: name.to_string(),
     })
 }
+
+/// One matrix of `parts`' rows in order (a device-to-device copy), when
+/// they share type and row length; `None` otherwise. Lets one matmul
+/// launch do the work of several (q/k/v, gate/up).
+pub(crate) fn concat(gpu: &Gpu, parts: &[&CudaWeight]) -> Result<Option<CudaWeight>> {
+    let Some(first) = parts.first() else {
+        return Ok(None);
+    };
+    let same = |w: &&CudaWeight| w.ty == first.ty && w.cols == first.cols;
+    if parts.len() < 2 || !parts.iter().all(same) {
+        return Ok(None);
+    }
+    let rows: usize = parts.iter().map(|w| w.rows).sum();
+    let name = parts
+        .iter()
+        .map(|w| w.name.as_str())
+        .collect::<Vec<_>>()
+        .join("+");
+    let mut data = gpu.alloc::<u8>(rows * first.row_bytes, &name)?;
+    let mut at = 0;
+    for w in parts {
+        let len = w.rows * w.row_bytes;
+        if w.data.len() < len {
+            return Err(ModelError::Backend(format!(
+                "{}: {} bytes on the device for {} rows of {}",
+                w.name,
+                w.data.len(),
+                w.rows,
+                w.row_bytes
+            )));
+        }
+        gpu.stream
+            .memcpy_dtod(&w.data.slice(..len), &mut data.slice_mut(at..at + len))
+            .map_err(|e| cuda_err(&format!("joining {name}"), e))?;
+        at += len;
+    }
+    Ok(Some(CudaWeight {
+        data,
+        ty: first.ty,
+        cols: first.cols,
+        rows,
+        row_bytes: first.row_bytes,
+        name,
+    }))
+}

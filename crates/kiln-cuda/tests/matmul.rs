@@ -314,7 +314,7 @@ fn embed_is_bit_exact_with_cpu_dequantization() {
 fn argmax_id(be: &CudaBackend, w: &Packed, h: &[f32], row: usize) -> Result<u32, ModelError> {
     let hb = be.upload(h)?;
     let mut step = step_with(be, &vec![0u32; row + 1]);
-    be.argmax_head(&w.dev, &hb, row, &mut step)?;
+    be.argmax_head(&w.dev, &hb, row..row + 1, &mut step)?;
     let mut ids = vec![0u32; row + 1];
     be.read_ids(&step, &mut ids)?;
     Ok(ids[row])
@@ -405,7 +405,7 @@ fn argmax_ids(
 ) -> Result<Vec<u32>, ModelError> {
     let hb = be.upload(h)?;
     let mut step = step_with(be, &vec![0u32; rows.end]);
-    be.argmax_rows(&w.dev, &hb, rows.clone(), &mut step)?;
+    be.argmax_head(&w.dev, &hb, rows.clone(), &mut step)?;
     let mut ids = vec![0u32; rows.end];
     be.read_ids(&step, &mut ids)?;
     Ok(ids[rows].to_vec())

@@ -6,18 +6,7 @@
 mod common;
 
 use common::*;
-use kiln_cpu::CpuBackend;
 use kiln_model::{AttnParams, Backend, KvDst, PastKv, RopeConfig, StepInput};
-
-fn cpu() -> CpuBackend {
-    CpuBackend::with_threads(2)
-}
-
-fn read<B: Backend>(b: &B, buf: &B::Buf) -> Vec<f32> {
-    let mut out = vec![0.0; b.buf_len(buf)];
-    b.download(buf, 0, &mut out).expect("download");
-    out
-}
 
 /// add, scale, gelu_mul, softcap and copy_strided over the first `n` of
 /// `x` (`y` the second operand); the tail past `n` is NaN and must stay so.

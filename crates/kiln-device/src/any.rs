@@ -415,11 +415,17 @@ impl Backend for AnyBackend {
         on!(self, |b, S| b.softcap(S::buf_mut(x)?, c, n))
     }
 
-    fn argmax_head(&self, w: &AnyWeight, h: &AnyBuf, row: usize, step: &mut AnyStep) -> Result<()> {
+    fn argmax_head(
+        &self,
+        w: &AnyWeight,
+        h: &AnyBuf,
+        rows: std::ops::Range<usize>,
+        step: &mut AnyStep,
+    ) -> Result<()> {
         on!(self, |b, S| b.argmax_head(
             S::weight(w)?,
             S::buf(h)?,
-            row,
+            rows.clone(),
             S::step_mut(step)?
         ))
     }

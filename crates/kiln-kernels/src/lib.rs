@@ -580,6 +580,48 @@ pub fn screen_rows(
     Ok(screen::screen_q8_0(sx, w, row_bytes, hi))
 }
 
+/// [`screen_rows`] for several activation rows at once, each weight row
+/// read once for all of them (a batch's greedy heads): for weight row `r`
+/// and activation row `t` of `n = sxs.len()`, `hi[r * n + t]` is an upper
+/// bound on `dot(W[r], x_t)` as [`gemv`] computes it, and `lo[t]` is
+/// raised to a lower bound on the largest such dot over these rows (`NaN`
+/// when a bound is not finite: use the exact path for that `t`). The
+/// bounds are as tight as [`screen_rows`]' (the same terms, summed in
+/// another order). Only Q8_0 ([`can_screen`]).
+pub fn screen_rows_multi(
+    isa: Isa,
+    ty: GgmlType,
+    w: &[u8],
+    row_bytes: usize,
+    sxs: &[ScreenX],
+    hi: &mut [f32],
+    lo: &mut [f32],
+) -> Result<(), KernelError> {
+    if !can_screen(ty) {
+        return Err(KernelError::Unsupported(ty));
+    }
+    let n = sxs.len();
+    let k = sxs.first().map_or(0, ScreenX::len);
+    if n == 0 || lo.len() != n || !hi.len().is_multiple_of(n) || sxs.iter().any(|s| s.len() != k) {
+        return Err(KernelError::Shape(format!(
+            "{n} screened rows (lengths must agree), {} bounds, {} floors",
+            hi.len(),
+            lo.len()
+        )));
+    }
+    check_rows(ty, w, row_bytes, k, hi.len() / n)?;
+    if hi.is_empty() {
+        return Ok(());
+    }
+    #[cfg(target_arch = "x86_64")]
+    if x86::screen_q8_0_multi(isa.min(Isa::cpu_max()), sxs, w, row_bytes, hi, lo) {
+        return Ok(());
+    }
+    let _ = isa;
+    screen::screen_q8_0_multi(sxs, w, row_bytes, hi, lo);
+    Ok(())
+}
+
 /// Checks the shapes of [`dot_rows`] / [`axpy_rows`]; returns `d`.
 fn check_row_op(
     q_len: usize,

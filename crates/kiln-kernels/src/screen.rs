@@ -129,6 +129,29 @@ pub(crate) fn screen_q8_0(sx: &ScreenX, w: &[u8], row_bytes: usize, hi: &mut [f3
     max_lo
 }
 
+/// Portable multi-row screen: for weight row `r` and activation row `t`
+/// (of `n = sxs.len()`), `hi[r * n + t] = a + β` as [`screen_q8_0`]
+/// computes it for `sxs[t]`, and `lo[t]` folds in `a − β`.
+pub(crate) fn screen_q8_0_multi(
+    sxs: &[ScreenX],
+    w: &[u8],
+    row_bytes: usize,
+    hi: &mut [f32],
+    lo: &mut [f32],
+) {
+    let n = sxs.len();
+    for (r, hs) in hi.chunks_exact_mut(n).enumerate() {
+        let row = &w[r * row_bytes..][..row_bytes.min(w.len() - r * row_bytes)];
+        for ((h, sx), l) in hs.iter_mut().zip(sxs).zip(lo.iter_mut()) {
+            *l = fold_lo(
+                *l,
+                screen_q8_0(sx, row, row_bytes, core::slice::from_mut(h)),
+                *h,
+            );
+        }
+    }
+}
+
 /// Running max of `lo`, poisoned to NaN by a non-finite bound.
 #[inline(always)]
 pub(crate) fn fold_lo(max_lo: f32, lo: f32, hi: f32) -> f32 {
@@ -144,6 +167,82 @@ mod tests {
     use super::ScreenX;
     use crate::{screen_rows, Isa};
     use kiln_quant::GgmlType;
+
+    /// The multi-row screen bounds every exact dot from above, its floors
+    /// from below, and agrees with the one-row screen up to summation
+    /// order, on every ISA, for activation counts across register tiles.
+    #[test]
+    fn multi_row_bounds_hold_and_match_the_one_row_screen() {
+        let mut s = 0x2545_f491_4f6c_dd1du64;
+        let mut rnd = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        let (k, rows) = (640, 13);
+        let rb = k / 32 * 34;
+        let mut w = vec![0u8; rows * rb];
+        for blk in w.chunks_exact_mut(34) {
+            let d = half::f16::from_f32((rnd() % 1001) as f32 * 1e-4 - 0.05);
+            blk[..2].copy_from_slice(&d.to_le_bytes());
+            for b in &mut blk[2..] {
+                *b = rnd() as u8;
+            }
+        }
+        let mut deq = vec![0.0f32; rows * k];
+        kiln_quant::dequantize(GgmlType::Q8_0, &w, &mut deq).unwrap();
+        for n in [1, 2, 7, 8, 9, 17] {
+            let xs: Vec<Vec<f32>> = (0..n)
+                .map(|_| (0..k).map(|_| (rnd() % 2001) as f32 * 1e-3 - 1.0).collect())
+                .collect();
+            let sxs: Vec<ScreenX> = xs.iter().map(|x| ScreenX::new(x).unwrap()).collect();
+            for isa in Isa::available() {
+                let mut hi = vec![f32::NAN; rows * n];
+                let mut lo = vec![f32::NEG_INFINITY; n];
+                crate::screen_rows_multi(isa, GgmlType::Q8_0, &w, rb, &sxs, &mut hi, &mut lo)
+                    .unwrap();
+                for (t, x) in xs.iter().enumerate() {
+                    let mut one = vec![0.0f32; rows];
+                    let m1 = screen_rows(isa, GgmlType::Q8_0, &w, rb, &sxs[t], &mut one).unwrap();
+                    let mut best = f64::NEG_INFINITY;
+                    for r in 0..rows {
+                        let exact: f64 = deq[r * k..][..k]
+                            .iter()
+                            .zip(x)
+                            .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                            .sum();
+                        best = best.max(exact);
+                        let h = hi[r * n + t];
+                        assert!(
+                            f64::from(h) >= exact,
+                            "{isa} n {n} t {t} r {r}: {h} < {exact}"
+                        );
+                        let tol = 1e-5 * (1.0 + one[r].abs());
+                        assert!((h - one[r]).abs() <= tol, "{isa} n {n}: {h} vs {}", one[r]);
+                    }
+                    assert!(f64::from(lo[t]) <= best, "{isa} n {n} t {t}");
+                    assert!(
+                        (lo[t] - m1).abs() <= 1e-5 * (1.0 + m1.abs()),
+                        "{isa} n {n} t {t}"
+                    );
+                }
+            }
+        }
+        let short = ScreenX::new(&[0.5; 32]).unwrap();
+        let sxs = [ScreenX::new(&[0.5; 64]).unwrap(), short];
+        let (mut hi, mut lo) = (vec![0.0; 2], vec![0.0; 2]);
+        assert!(crate::screen_rows_multi(
+            Isa::Scalar,
+            GgmlType::Q8_0,
+            &w,
+            rb,
+            &sxs,
+            &mut hi,
+            &mut lo
+        )
+        .is_err());
+    }
 
     /// The SIMD screens take rows in groups: any row count (full groups
     /// plus a remainder) gives each row the same bits as screening it

@@ -255,6 +255,85 @@ pub trait Backend: Send + Sync {
         }
         Ok(())
     }
+    /// One matrix holding the rows of `parts` in order, when the backend
+    /// gains by it (one launch instead of several) and can (same type and
+    /// row length): the model then runs one matmul over the whole and
+    /// splits its output ([`Backend::split_heads`],
+    /// [`Backend::gelu_mul_halves`]). `None`: keep the parts.
+    fn concat_rows(&self, _parts: &[&Self::Weight]) -> Result<Option<Self::Weight>> {
+        Ok(None)
+    }
+    /// Gemma's sandwich norms around a residual add, over `n` rows of `d`:
+    /// `y = rms_norm(y)·post`, `x[x_row0 + t] += y[t]`, then with `pre`
+    /// `y = rms_norm(x[x_row0 + t])·pre` (the next sublayer's input);
+    /// without it `y` keeps the normed sublayer output.
+    #[allow(clippy::too_many_arguments)]
+    fn add_rms_norm(
+        &self,
+        y: &mut Self::Buf,
+        post: &Self::Buf,
+        x: &mut Self::Buf,
+        x_row0: usize,
+        n: usize,
+        d: usize,
+        pre: Option<&Self::Buf>,
+        eps: f32,
+    ) -> Result<()> {
+        self.rms_norm(y, n, d, Some(post), eps)?;
+        self.copy_strided(y, 0, 0, x, x_row0 * d, 0, 1, n * d, 1.0, true)?;
+        if let Some(pre) = pre {
+            self.copy_strided(x, x_row0 * d, 0, y, 0, 0, 1, n * d, 1.0, false)?;
+            self.rms_norm(y, n, d, Some(pre), eps)?;
+        }
+        Ok(())
+    }
+    /// Splits the rows of a fused projection `src [n_tok, Σ heads·hd]`
+    /// (each part's heads in turn, `head_dim` values each) into each
+    /// part's `dst [n_tok, heads·hd]`: RMS-normed per head by its `norm`
+    /// when it has one, then NEOX-rotated at the step's positions when
+    /// `rope` is set (q and k), or just copied (v).
+    #[allow(clippy::too_many_arguments)]
+    fn split_heads(
+        &self,
+        src: &Self::Buf,
+        n_tok: usize,
+        head_dim: usize,
+        parts: &mut [HeadsPart<'_, Self>],
+        rope: &RopeConfig,
+        eps: f32,
+        step: &Self::Step,
+    ) -> Result<()> {
+        let width: usize = parts.iter().map(|p| p.heads * head_dim).sum();
+        let mut off = 0;
+        for p in parts.iter_mut() {
+            let w = p.heads * head_dim;
+            self.copy_strided(src, off, width, p.dst, 0, w, n_tok, w, 1.0, false)?;
+            if let Some(norm) = p.norm {
+                self.rms_norm(p.dst, n_tok * p.heads, head_dim, Some(norm), eps)?;
+            }
+            if p.rope {
+                self.rope(p.dst, n_tok, p.heads, head_dim, step, rope)?;
+            }
+            off += w;
+        }
+        Ok(())
+    }
+    /// `out[t, i] = gelu_tanh(gu[t, i]) * gu[t, ff + i]` for `t < n_tok`,
+    /// `i < ff`: the gate and up halves of a fused `[n_tok, 2·ff]`
+    /// projection. The default stages the up half in a buffer it
+    /// allocates: a backend that fuses gate and up overrides it.
+    fn gelu_mul_halves(
+        &self,
+        gu: &Self::Buf,
+        n_tok: usize,
+        ff: usize,
+        out: &mut Self::Buf,
+    ) -> Result<()> {
+        let mut up = self.alloc(n_tok * ff)?;
+        self.copy_strided(gu, ff, 2 * ff, &mut up, 0, ff, n_tok, ff, 1.0, false)?;
+        self.copy_strided(gu, 0, 2 * ff, out, 0, ff, n_tok, ff, 1.0, false)?;
+        self.gelu_mul(out, &up, n_tok * ff)
+    }
     /// `gate[i] = gelu_tanh(gate[i]) * up[i]` for `i < n`.
     fn gelu_mul(&self, gate: &mut Self::Buf, up: &Self::Buf, n: usize) -> Result<()>;
     /// `x[i] += y[i]` for `i < n`.
@@ -316,17 +395,19 @@ pub trait Backend: Send + Sync {
     }
     /// `x[i] = c * tanh(x[i] / c)` for `i < n`.
     fn softcap(&self, x: &mut Self::Buf, c: f32, n: usize) -> Result<()>;
-    /// Index of the largest logit of row `row` of `h` against `W` (ties:
-    /// lowest id), without materialising the logits, into the step's id
-    /// `row` ([`Backend::read_ids`]). Softcaps are monotonic, so they do
-    /// not change it. A non-finite logit is an error
-    /// ([`crate::ModelError::NonFiniteLogit`], `pos` 0: the model fills it
-    /// in), or, where the backend cannot report it at once, id `u32::MAX`.
+    /// For each row `r` of `rows`: the index of the largest logit of row
+    /// `r` of `h` against `W` (ties: lowest id) into the step's id `r`
+    /// ([`Backend::read_ids`]), without materialising the logits. Softcaps
+    /// are monotonic, so they do not change it. A row with a non-finite
+    /// logit gets id `u32::MAX`, so the other rows of a batch stand; with
+    /// a single row a backend may instead return
+    /// [`crate::ModelError::NonFiniteLogit`] (`pos` 0: the model fills it
+    /// in).
     fn argmax_head(
         &self,
         w: &Self::Weight,
         h: &Self::Buf,
-        row: usize,
+        rows: std::ops::Range<usize>,
         step: &mut Self::Step,
     ) -> Result<()>;
 
@@ -350,4 +431,14 @@ pub struct KvDst<'a, B: ?Sized + Backend> {
     pub row_len: usize,
     /// A sliding-window ring (`pos % rows`) rather than `pos` rows.
     pub ring: bool,
+}
+
+/// One part of a fused projection for [`Backend::split_heads`].
+pub struct HeadsPart<'a, B: ?Sized + Backend> {
+    pub dst: &'a mut B::Buf,
+    pub heads: usize,
+    /// Per-head RMS norm weight (`head_dim` values); None: no norm.
+    pub norm: Option<&'a B::Buf>,
+    /// Whether RoPE follows (q and k, not v).
+    pub rope: bool,
 }

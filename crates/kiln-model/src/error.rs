@@ -19,12 +19,22 @@ pub enum ModelError {
     #[error("backend: {0}")]
     Backend(String),
     /// A logit is NaN or infinite: a kernel bug or an overflow. `pos` is the
-    /// sequence position whose logits hold it.
-    #[error("{} in logits at position {pos} (token {token})", nonfinite_name(*.value))]
+    /// sequence position whose logits hold it; `token` is `u32::MAX` where
+    /// a batched greedy head only knows that one of the row's logits is
+    /// not finite (then `value` is NaN).
+    #[error("{} in logits at position {pos}{}", nonfinite_name(*.value), token_note(*.token))]
     NonFiniteLogit { pos: usize, token: u32, value: f32 },
 }
 
 pub type Result<T, E = ModelError> = std::result::Result<T, E>;
+
+fn token_note(token: u32) -> String {
+    if token == u32::MAX {
+        String::new()
+    } else {
+        format!(" (token {token})")
+    }
+}
 
 /// "NaN", "inf" or "-inf", for error messages.
 pub fn nonfinite_name(v: f32) -> &'static str {

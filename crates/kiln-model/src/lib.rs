@@ -11,7 +11,7 @@ mod error;
 mod kv;
 mod model;
 
-pub use backend::{AttnParams, Backend, GraphKey, KvDst, PastKv, SeqSpan, StepInput};
+pub use backend::{AttnParams, Backend, GraphKey, HeadsPart, KvDst, PastKv, SeqSpan, StepInput};
 pub use config::{Arch, LayerConfig, ModelConfig, MoeConfig, RopeConfig};
 pub use error::{nonfinite_name, ModelError, Result};
 pub use kv::KvCache;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use kiln_gguf::{GgmlType, Gguf};
 
-use crate::backend::{AttnParams, Backend, GraphKey, StepInput};
+use crate::backend::{AttnParams, Backend, GraphKey, HeadsPart, StepInput};
 use crate::config::{LayerConfig, ModelConfig};
 use crate::error::{ModelError, Result};
 use crate::kv::{buffer_id, KvCache};
@@ -97,7 +97,10 @@ struct MoeLayer<B: Backend> {
 
 struct LayerWeights<B: Backend> {
     attn_norm: B::Buf,
+    /// q's rows, then those of the first `fused_kv` of k and v when the
+    /// backend fused them ([`Backend::concat_rows`]; `k`/`v` are then None).
     q: B::Weight,
+    fused_kv: usize,
     k: Option<B::Weight>,
     v: Option<B::Weight>,
     o: B::Weight,
@@ -105,8 +108,9 @@ struct LayerWeights<B: Backend> {
     k_norm: Option<B::Buf>,
     post_attn_norm: B::Buf,
     ffn_norm: B::Buf,
+    /// gate's rows, then up's when `up` is None (fused by the backend).
     gate: B::Weight,
-    up: B::Weight,
+    up: Option<B::Weight>,
     down: B::Weight,
     post_ffw_norm: B::Buf,
     output_scale: f32,
@@ -234,6 +238,31 @@ fn read_vector(g: &Gguf, name: &str, len: usize) -> Result<Vec<f32>> {
     Ok(v)
 }
 
+/// q, k and v as the backend runs them: q's matrix followed by k's rows
+/// (and v's, when `with_v`) where [`Backend::concat_rows`] fuses them, and
+/// how many of k, v it took.
+#[allow(clippy::type_complexity)]
+fn fuse_qkv<B: Backend>(
+    b: &B,
+    q: B::Weight,
+    k: Option<B::Weight>,
+    v: Option<B::Weight>,
+    with_v: bool,
+) -> Result<(B::Weight, Option<B::Weight>, Option<B::Weight>, usize)> {
+    let Some(kw) = k else {
+        return Ok((q, None, v, 0));
+    };
+    if let (Some(vw), true) = (&v, with_v) {
+        if let Some(qkv) = b.concat_rows(&[&q, &kw, vw])? {
+            return Ok((qkv, None, None, 2));
+        }
+    }
+    Ok(match b.concat_rows(&[&q, &kw])? {
+        Some(qk) => (qk, None, v, 1),
+        None => (q, Some(kw), v, 0),
+    })
+}
+
 struct Binder<'a, B: Backend> {
     b: &'a B,
     g: &'a Arc<Gguf>,
@@ -355,19 +384,33 @@ impl<B: Backend> Model<B> {
                     })
                 }
             };
+            let q = bind.matrix(&n("attn_q"), d, l.q_dim())?;
+            let k = if owns {
+                Some(bind.matrix(&n("attn_k"), d, l.kv_dim())?)
+            } else {
+                None
+            };
+            let v = if owns && l.has_v {
+                Some(bind.matrix(&n("attn_v"), d, l.kv_dim())?)
+            } else {
+                None
+            };
+            // V stays apart where it is normed before use (Gemma 4).
+            let (q, k, v, fused_kv) = fuse_qkv(&backend, q, k, v, !l.v_norm)?;
+            let (gate, up) = (
+                bind.matrix(&n("ffn_gate"), d, l.ffn)?,
+                bind.matrix(&n("ffn_up"), d, l.ffn)?,
+            );
+            let (gate, up) = match backend.concat_rows(&[&gate, &up])? {
+                Some(gate_up) => (gate_up, None),
+                None => (gate, Some(up)),
+            };
             layers.push(LayerWeights {
                 attn_norm: bind.vector(&n("attn_norm"), d)?,
-                q: bind.matrix(&n("attn_q"), d, l.q_dim())?,
-                k: if owns {
-                    Some(bind.matrix(&n("attn_k"), d, l.kv_dim())?)
-                } else {
-                    None
-                },
-                v: if owns && l.has_v {
-                    Some(bind.matrix(&n("attn_v"), d, l.kv_dim())?)
-                } else {
-                    None
-                },
+                q,
+                fused_kv,
+                k,
+                v,
                 o: bind.matrix(&n("attn_output"), l.q_dim(), d)?,
                 q_norm: if l.qk_norm {
                     Some(bind.vector(&n("attn_q_norm"), hd)?)
@@ -381,8 +424,8 @@ impl<B: Backend> Model<B> {
                 },
                 post_attn_norm: bind.vector(&n("post_attention_norm"), d)?,
                 ffn_norm: bind.vector(&n("ffn_norm"), d)?,
-                gate: bind.matrix(&n("ffn_gate"), d, l.ffn)?,
-                up: bind.matrix(&n("ffn_up"), d, l.ffn)?,
+                gate,
+                up,
                 down: bind.matrix(&n("ffn_down"), l.ffn, d)?,
                 post_ffw_norm: bind.vector(&n("post_ffw_norm"), d)?,
                 output_scale,
@@ -417,7 +460,8 @@ impl<B: Backend> Model<B> {
 
     /// Scratch for batches of up to `max_tokens` tokens.
     pub fn new_scratch(&self, max_tokens: usize) -> Result<Scratch<B>> {
-        Scratch::new(&self.backend, &self.config, max_tokens)
+        let fused = self.layers.iter().any(|w| w.fused_kv > 0 || w.up.is_none());
+        Scratch::sized(&self.backend, &self.config, max_tokens, fused)
     }
 
     /// Runs `tokens` at positions `cache.len()..`, appends their K/V to the
@@ -547,10 +591,9 @@ impl<B: Backend> Model<B> {
         let head = self.output.as_ref().unwrap_or(&self.token_embd);
 
         // Output rows, gathered into `s.h` in three groups: rows whose
-        // logits come to the host, then the argmax-head row (one sequence
-        // only: a batch takes its argmax from logits, so one sequence's
-        // bad logit fails only that sequence), then hidden rows.
-        let argmax_head = seqs.len() == 1 && seqs[0].output == Output::Argmax;
+        // logits come to the host, then the argmax-head rows (one per
+        // greedy sequence; a bad logit fails only its own sequence), then
+        // hidden rows.
         let mut plan = std::mem::take(&mut s.plan);
         plan.clear();
         let mut n_logits = 0;
@@ -561,7 +604,7 @@ impl<B: Backend> Model<B> {
                 _ => (sp.n_rows - 1, 1),
             };
             let group = match q.output {
-                Output::Argmax if argmax_head => 1,
+                Output::Argmax => 1,
                 Output::LastHidden | Output::AllHidden => 2,
                 _ => 0,
             };
@@ -573,7 +616,8 @@ impl<B: Backend> Model<B> {
                 dst: 0,
             });
         }
-        let mut at = [0, n_logits, n_logits + usize::from(argmax_head)];
+        let n_argmax = plan.iter().filter(|o| o.group == 1).count();
+        let mut at = [0, n_logits, n_logits + n_argmax];
         for o in plan.iter_mut() {
             o.dst = at[o.group];
             at[o.group] += o.rows;
@@ -583,7 +627,7 @@ impl<B: Backend> Model<B> {
         // Host work inside a step (debug taps, MoE routing) cannot be
         // replayed.
         let replayable = !self.dump_layer0 && cfg.layers.iter().all(|l| l.moe.is_none());
-        let key = if argmax_head && n == 1 && replayable {
+        let key = if n_argmax == 1 && n == 1 && replayable {
             let kv_end = s.input.seqs[0].p0 + 1;
             Some(GraphKey {
                 rows: 1,
@@ -605,8 +649,16 @@ impl<B: Backend> Model<B> {
             if let Some(ple) = &self.ple {
                 self.per_layer_inputs(ple, n, s)?;
             }
-            for (l, w) in cfg.layers.iter().zip(&self.layers) {
-                self.layer(l, w, seqs, s)?;
+            // The final norm rides on the last layer's last op when the
+            // output rows are the step's rows in place (decode steps).
+            let identity = n_out == n && plan.iter().all(|o| o.row == o.dst);
+            let mut h_ready = false;
+            for (i, (l, w)) in cfg.layers.iter().zip(&self.layers).enumerate() {
+                let next_norm = match self.layers.get(i + 1) {
+                    Some(nw) => Some(&nw.attn_norm),
+                    None => identity.then_some(&self.output_norm),
+                };
+                h_ready = self.layer(l, w, next_norm, h_ready, seqs, s)?;
             }
             // KV-shared layers have read their sources' batch rows by now.
             for (il, (k, v)) in s.chunk_k.iter().zip(&s.chunk_v).enumerate() {
@@ -617,7 +669,7 @@ impl<B: Backend> Model<B> {
                 }
             }
             // Final norm only on the rows the outputs need.
-            for o in &plan {
+            for o in plan.iter().filter(|_| !h_ready) {
                 b.copy_strided(
                     &s.x,
                     o.row * d,
@@ -631,9 +683,11 @@ impl<B: Backend> Model<B> {
                     false,
                 )?;
             }
-            b.rms_norm(&mut s.h, n_out, d, Some(&self.output_norm), cfg.rms_eps)?;
-            if argmax_head {
-                b.argmax_head(head, &s.h, n_logits, &mut s.step)?;
+            if !h_ready {
+                b.rms_norm(&mut s.h, n_out, d, Some(&self.output_norm), cfg.rms_eps)?;
+            }
+            if n_argmax > 0 {
+                b.argmax_head(head, &s.h, n_logits..n_logits + n_argmax, &mut s.step)?;
             }
             Ok(())
         };
@@ -674,21 +728,29 @@ impl<B: Backend> Model<B> {
             host.resize(n_logits * v, 0.0);
             b.lm_head_to_host(head, &s.h, n_logits, cfg.final_softcap, &mut s.logits, host)?;
         }
+        let n_ids = plan
+            .iter()
+            .filter(|o| o.group == 1)
+            .map(|o| o.dst + 1)
+            .max();
+        if let Some(n_ids) = n_ids {
+            s.ids_host.resize(n_ids, 0);
+            b.read_ids(&s.step, &mut s.ids_host)?;
+        }
         s.results.clear();
         for (q, o) in seqs.iter_mut().zip(plan) {
             let p_first = s.input.positions[o.row] as usize;
             s.results.push(match o.group {
                 1 => {
-                    let mut id = [0u32];
-                    b.read_ids(&s.step, &mut id)?;
-                    if id[0] as usize >= v {
+                    let id = s.ids_host[o.dst];
+                    if id as usize >= v {
                         Err(ModelError::NonFiniteLogit {
                             pos: p_first,
-                            token: id[0],
+                            token: id,
                             value: f32::NAN,
                         })
                     } else {
-                        Ok(Some(id[0]))
+                        Ok(Some(id))
                     }
                 }
                 2 => {
@@ -745,13 +807,19 @@ impl<B: Backend> Model<B> {
         Ok(())
     }
 
+    /// One layer over the step's rows. On entry `s.h` holds its normed
+    /// input when `h_ready` (else it norms `s.x` itself); returns whether on
+    /// exit `s.h` holds `next_norm` of the residual stream (the next layer's
+    /// input, or the final norm), folded into its last op where it can.
     fn layer(
         &self,
         l: &LayerConfig,
         w: &LayerWeights<B>,
+        next_norm: Option<&B::Buf>,
+        h_ready: bool,
         seqs: &mut [BatchSeq<'_, B>],
         s: &mut Scratch<B>,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let n = s.input.rows();
         let b = &self.backend;
         let cfg = &self.config;
@@ -760,24 +828,30 @@ impl<B: Backend> Model<B> {
         let (hd, il) = (l.head_dim, l.index);
 
         // --- attention ---
-        b.copy_strided(&s.x, 0, 0, &mut s.h, 0, 0, 1, n * d, 1.0, false)?;
-        b.rms_norm(&mut s.h, n, d, Some(&w.attn_norm), eps)?;
+        if !h_ready {
+            b.copy_strided(&s.x, 0, 0, &mut s.h, 0, 0, 1, n * d, 1.0, false)?;
+            b.rms_norm(&mut s.h, n, d, Some(&w.attn_norm), eps)?;
+        }
         let dump = self.dump_layer0 && il == 0;
         if dump {
             self.tap("attn_norm", &s.h, n * d)?;
         }
-        b.matmul(&w.q, 0, l.q_dim(), &s.h, n, &mut s.q_up)?;
-        if let Some(qn) = &w.q_norm {
-            b.rms_norm(&mut s.q_up, n * l.n_head, hd, Some(qn), eps)?;
-        }
-        b.rope(&mut s.q_up, n, l.n_head, hd, &s.step, &l.rope)?;
-        if dump {
-            self.tap("q_norm_rope", &s.q_up, n * l.q_dim())?;
-        }
         // Layers whose K/V later layers read keep their own batch buffers;
         // the others share one pair and store it right after attention.
         let deferred = s.chunk_k[il].is_some();
-        if l.owns_kv() {
+        if w.fused_kv > 0 {
+            self.fused_qkv(l, w, s)?;
+        } else {
+            b.matmul(&w.q, 0, l.q_dim(), &s.h, n, &mut s.q_up)?;
+            if let Some(qn) = &w.q_norm {
+                b.rms_norm(&mut s.q_up, n * l.n_head, hd, Some(qn), eps)?;
+            }
+            b.rope(&mut s.q_up, n, l.n_head, hd, &s.step, &l.rope)?;
+        }
+        if dump {
+            self.tap("q_norm_rope", &s.q_up, n * l.q_dim())?;
+        }
+        if l.owns_kv() && w.fused_kv == 0 {
             let (ck, cv) = match (s.chunk_k[il].as_mut(), s.chunk_v[il].as_mut()) {
                 (Some(k), Some(v)) => (k, v),
                 _ => (&mut s.layer_k, &mut s.layer_v),
@@ -798,9 +872,10 @@ impl<B: Backend> Model<B> {
                 b.rms_norm(ck, n * l.n_kv_head, hd, Some(kn), eps)?;
             }
             b.rope(ck, n, l.n_kv_head, hd, &s.step, &l.rope)?;
-            if dump {
-                self.tap("k_norm_rope", ck, n * l.kv_dim())?;
-            }
+        }
+        if dump && l.owns_kv() {
+            let ck = s.chunk_k[il].as_ref().unwrap_or(&s.layer_k);
+            self.tap("k_norm_rope", ck, n * l.kv_dim())?;
         }
         let src = l.kv_source;
         let (ck, cv) = match (s.chunk_k[src].as_ref(), s.chunk_v[src].as_ref()) {
@@ -835,38 +910,72 @@ impl<B: Backend> Model<B> {
         }
         // The projections' input is dead: the output projection reuses it.
         b.matmul(&w.o, 0, d, &s.attn_gate, n, &mut s.h)?;
-        b.rms_norm(&mut s.h, n, d, Some(&w.post_attn_norm), eps)?;
+        // In one feed-forward chunk (every decode step) the add also norms
+        // the feed-forward's input.
+        let one_chunk = n <= s.ffn_rows && !dump;
+        let ffn_norm = one_chunk.then_some(&w.ffn_norm);
+        b.add_rms_norm(
+            &mut s.h,
+            &w.post_attn_norm,
+            &mut s.x,
+            0,
+            n,
+            d,
+            ffn_norm,
+            eps,
+        )?;
         if dump {
             self.tap("attn_post_norm", &s.h, n * d)?;
         }
-        b.add(&mut s.x, &s.h, n * d)?;
 
         // --- feed-forward, `s.ffn_rows` rows at a time (every step is per
         // row; MoE layers take the whole batch) ---
+        // The next layer's input norm folds into the last add when nothing
+        // else touches the residual stream in between.
+        let fold_next = one_chunk && w.ple.is_none() && w.output_scale == 1.0;
+        let mut h_next = false;
         let mut ffn_out = Vec::new();
         for r0 in (0..n).step_by(s.ffn_rows) {
             let m = s.ffn_rows.min(n - r0);
-            b.copy_strided(&s.x, r0 * d, 0, &mut s.h, 0, 0, 1, m * d, 1.0, false)?;
-            b.rms_norm(&mut s.h, m, d, Some(&w.ffn_norm), eps)?;
-            b.matmul(&w.gate, 0, l.ffn, &s.h, m, &mut s.attn_gate)?;
-            b.matmul(&w.up, 0, l.ffn, &s.h, m, &mut s.q_up)?;
-            b.gelu_mul(&mut s.attn_gate, &s.q_up, m * l.ffn)?;
-            b.matmul(&w.down, 0, d, &s.attn_gate, m, &mut s.o)?;
-            match &w.moe {
-                None => b.rms_norm(&mut s.o, m, d, Some(&w.post_ffw_norm), eps)?,
-                Some(_) if m != n => {
-                    return Err(ModelError::Backend(format!(
-                        "layer {il}: MoE feed-forward on {m} of {n} rows"
-                    )))
+            if !one_chunk {
+                b.copy_strided(&s.x, r0 * d, 0, &mut s.h, 0, 0, 1, m * d, 1.0, false)?;
+                b.rms_norm(&mut s.h, m, d, Some(&w.ffn_norm), eps)?;
+            }
+            match &w.up {
+                Some(up) => {
+                    b.matmul(&w.gate, 0, l.ffn, &s.h, m, &mut s.attn_gate)?;
+                    b.matmul(up, 0, l.ffn, &s.h, m, &mut s.q_up)?;
+                    b.gelu_mul(&mut s.attn_gate, &s.q_up, m * l.ffn)?;
                 }
-                Some(mw) => {
-                    b.rms_norm(&mut s.o, n, d, Some(&mw.post_norm_1), eps)?;
-                    self.moe(l, mw, n, s)?;
-                    b.rms_norm(&mut s.moe_out, n, d, Some(&mw.post_norm_2), eps)?;
-                    b.add(&mut s.o, &s.moe_out, n * d)?;
-                    b.rms_norm(&mut s.o, n, d, Some(&w.post_ffw_norm), eps)?;
+                None => {
+                    b.matmul(&w.gate, 0, 2 * l.ffn, &s.h, m, &mut s.q_up)?;
+                    b.gelu_mul_halves(&s.q_up, m, l.ffn, &mut s.attn_gate)?;
                 }
             }
+            let Some(mw) = &w.moe else {
+                // The block's input is dead: its output takes `s.h`.
+                b.matmul(&w.down, 0, d, &s.attn_gate, m, &mut s.h)?;
+                let pre = if fold_next { next_norm } else { None };
+                b.add_rms_norm(&mut s.h, &w.post_ffw_norm, &mut s.x, r0, m, d, pre, eps)?;
+                h_next = pre.is_some();
+                if dump {
+                    let at = ffn_out.len();
+                    ffn_out.resize(at + m * d, 0.0);
+                    b.download(&s.h, 0, &mut ffn_out[at..])?;
+                }
+                continue;
+            };
+            if m != n {
+                return Err(ModelError::Backend(format!(
+                    "layer {il}: MoE feed-forward on {m} of {n} rows"
+                )));
+            }
+            b.matmul(&w.down, 0, d, &s.attn_gate, m, &mut s.o)?;
+            b.rms_norm(&mut s.o, n, d, Some(&mw.post_norm_1), eps)?;
+            self.moe(l, mw, n, s)?;
+            b.rms_norm(&mut s.moe_out, n, d, Some(&mw.post_norm_2), eps)?;
+            b.add(&mut s.o, &s.moe_out, n * d)?;
+            b.rms_norm(&mut s.o, n, d, Some(&w.post_ffw_norm), eps)?;
             if dump {
                 let at = ffn_out.len();
                 ffn_out.resize(at + m * d, 0.0);
@@ -905,7 +1014,67 @@ impl<B: Backend> Model<B> {
         if dump {
             self.tap("layer_out", &s.x, n * d)?;
         }
-        Ok(())
+        Ok(h_next)
+    }
+
+    /// q, k (and v) of a layer whose projections the backend fused: one
+    /// matmul into `s.attn_gate` (free until attention writes it), split
+    /// into `s.q_up` and the layer's K/V scratch with the per-head norms
+    /// and RoPE on the way.
+    fn fused_qkv(&self, l: &LayerConfig, w: &LayerWeights<B>, s: &mut Scratch<B>) -> Result<()> {
+        let b = &self.backend;
+        let n = s.input.rows();
+        let (hd, il, kvd) = (l.head_dim, l.index, l.kv_dim());
+        let width = l.q_dim() + w.fused_kv * kvd;
+        b.matmul(&w.q, 0, width, &s.h, n, &mut s.attn_gate)?;
+        let (ck, cv) = match (s.chunk_k[il].as_mut(), s.chunk_v[il].as_mut()) {
+            (Some(k), Some(v)) => (k, v),
+            _ => (&mut s.layer_k, &mut s.layer_v),
+        };
+        if w.fused_kv == 1 {
+            match &w.v {
+                Some(wv) => b.matmul(wv, 0, kvd, &s.h, n, cv)?,
+                // K=V: V is the raw K projection, before k_norm and RoPE.
+                None => b.copy_strided(
+                    &s.attn_gate,
+                    l.q_dim(),
+                    width,
+                    cv,
+                    0,
+                    kvd,
+                    n,
+                    kvd,
+                    1.0,
+                    false,
+                )?,
+            }
+            if l.v_norm {
+                b.rms_norm(cv, n * l.n_kv_head, hd, None, self.config.rms_eps)?;
+            }
+        }
+        let mut parts = [
+            HeadsPart {
+                dst: &mut s.q_up,
+                heads: l.n_head,
+                norm: w.q_norm.as_ref(),
+                rope: true,
+            },
+            HeadsPart {
+                dst: ck,
+                heads: l.n_kv_head,
+                norm: w.k_norm.as_ref(),
+                rope: true,
+            },
+            HeadsPart {
+                dst: cv,
+                heads: l.n_kv_head,
+                norm: None,
+                rope: false,
+            },
+        ];
+        let eps = self.config.rms_eps;
+        let parts = &mut parts[..1 + w.fused_kv];
+        b.split_heads(&s.attn_gate, n, hd, parts, &l.rope, eps, &s.step)
     }
 
     /// Routed experts into `s.moe_out` (before `post_ffw_norm_2`). The router
@@ -1047,6 +1216,8 @@ pub struct Scratch<B: Backend> {
     logits: Option<B::Buf>,
     /// Logits of a step's output rows on the host, split per sequence.
     logits_host: Vec<f32>,
+    /// The argmax head's ids of a step, read back at once.
+    ids_host: Vec<u32>,
     /// The step's output rows per sequence, and each sequence's result.
     plan: Vec<OutRows>,
     results: Vec<Result<Option<u32>>>,
@@ -1058,7 +1229,15 @@ pub struct Scratch<B: Backend> {
 }
 
 impl<B: Backend> Scratch<B> {
+    /// Scratch for a model whose backend fuses no projections (see
+    /// [`Model::new_scratch`]).
     pub fn new(b: &B, cfg: &ModelConfig, max_tokens: usize) -> Result<Self> {
+        Self::sized(b, cfg, max_tokens, false)
+    }
+
+    /// `fused`: the wide buffers also take the fused projections' outputs
+    /// (`[n, q + k + v]`, `[ffn_rows, 2 * ffn]`).
+    fn sized(b: &B, cfg: &ModelConfig, max_tokens: usize, fused: bool) -> Result<Self> {
         if max_tokens == 0 {
             return Err(ModelError::Invalid("scratch for 0 tokens".into()));
         }
@@ -1069,7 +1248,13 @@ impl<B: Backend> Scratch<B> {
         let moe = cfg.layers.iter().filter_map(|l| l.moe.as_ref()).next();
         let (ne, eff) = moe.map_or((0, 0), |m| (m.n_expert, m.expert_ffn));
         let ffn_rows = if moe.is_some() { n } else { n.min(FFN_ROWS) };
-        let wide = (n * max_q).max(ffn_rows * max_ff);
+        let mut wide = (n * max_q).max(ffn_rows * max_ff);
+        if fused {
+            let max_qkv = cfg.layers.iter().map(|l| l.q_dim() + 2 * l.kv_dim());
+            wide = wide
+                .max(n * max_qkv.max().unwrap_or(0))
+                .max(ffn_rows * 2 * max_ff);
+        }
         let mut chunk_k = Vec::with_capacity(cfg.n_layer);
         let mut chunk_v = Vec::with_capacity(cfg.n_layer);
         let mut layer_kv = 0;
@@ -1117,6 +1302,7 @@ impl<B: Backend> Scratch<B> {
             moe_out: b.alloc(if ne > 0 { n * d } else { 0 })?,
             logits: None,
             logits_host: Vec::new(),
+            ids_host: Vec::new(),
             plan: Vec::new(),
             results: Vec::new(),
             input: StepInput::default(),

@@ -56,6 +56,18 @@ pub fn host(c: &CudaBackend, b: &CudaBuf) -> Vec<f32> {
     out
 }
 
+/// The CUDA ops' twin: the CPU backend.
+pub fn cpu() -> kiln_cpu::CpuBackend {
+    kiln_cpu::CpuBackend::with_threads(2)
+}
+
+/// The whole of `buf`, on either backend.
+pub fn read<B: Backend>(b: &B, buf: &B::Buf) -> Vec<f32> {
+    let mut out = vec![0.0; b.buf_len(buf)];
+    b.download(buf, 0, &mut out).expect("download");
+    out
+}
+
 /// Asserts `|got - want| <= tol * max(1, |want|)` everywhere (NaN fails),
 /// printing the largest difference.
 pub fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f32) {

@@ -195,4 +195,4 @@ impl Simd for Avx2 {
     }
 }
 
-entry_points!(Avx2, "avx2,fma,f16c", 3);
+entry_points!(Avx2, "avx2,fma,f16c", 3, 4);

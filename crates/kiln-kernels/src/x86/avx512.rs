@@ -187,4 +187,4 @@ impl Simd for Avx512 {
     }
 }
 
-entry_points!(Avx512, "avx512f,avx512bw,avx512vl,avx2,fma,f16c", 6);
+entry_points!(Avx512, "avx512f,avx512bw,avx512vl,avx2,fma,f16c", 4, 6);

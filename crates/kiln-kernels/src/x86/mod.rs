@@ -7,7 +7,7 @@
 /// `Simd` level inside a `#[target_feature]` function, so the kernel bodies
 /// are written once (in `kern`/`rows`) and only these wrappers repeat.
 macro_rules! entry_points {
-    ($simd:ident, $features:literal, $gemm_cols:literal) => {
+    ($simd:ident, $features:literal, $gemm_rows:literal, $gemm_cols:literal) => {
         /// # Safety
         /// The CPU must support every feature in this function's
         /// `target_feature` list.
@@ -44,7 +44,7 @@ macro_rules! entry_points {
                 x,
                 kern::Out::Slice(y),
                 sh,
-                kern::Micro::<4, $gemm_cols>,
+                kern::Micro::<$gemm_rows, $gemm_cols>,
             )
         }
 
@@ -312,6 +312,24 @@ pub(crate) fn screen_q8_0(
         Isa::Avx512Vnni | Isa::Amx => unsafe { screen::screen_vnni(sx, w, row_bytes, hi) }
             // SAFETY: as above.
             .or_else(|| Some(unsafe { screen::screen_avx2(sx, w, row_bytes, hi) })),
+    }
+}
+
+/// Multi-row Q8_0 screen (see `crate::screen_rows_multi`); `false` on
+/// `Isa::Scalar` or rows too long for the kernel's stack scratch.
+pub(crate) fn screen_q8_0_multi(
+    isa: Isa,
+    sxs: &[crate::screen::ScreenX],
+    w: &[u8],
+    row_bytes: usize,
+    hi: &mut [f32],
+    lo: &mut [f32],
+) -> bool {
+    match isa {
+        Isa::Scalar => false,
+        // SAFETY: `isa` is at most `Isa::cpu_max()`, so AVX2/FMA/F16C are
+        // present; the caller checked the shapes.
+        _ => unsafe { screen::screen_avx2_multi(sxs, w, row_bytes, hi, lo) },
     }
 }
 

@@ -116,6 +116,145 @@ unsafe fn rows_avx2<const R: usize>(
     }
 }
 
+/// Most blocks per row of the multi-row screen (its `|d_w|` scratch lives
+/// on the stack): rows of up to 16,384 values.
+const MULTI_MAX_BLOCKS: usize = 512;
+
+/// Activation rows per register tile of the multi-row screen (one
+/// accumulator each, next to the weight block and its temporaries).
+const MULTI_TILE: usize = 8;
+
+/// The multi-row screen (`crate::screen::screen_q8_0_multi`'s math): each
+/// weight block is loaded once and multiplied against up to
+/// [`MULTI_TILE`] activation rows; `β` is summed per (row, activation)
+/// from the row's `|d_w|` and the activation's block terms after the
+/// integer pass. `false` when a row has more than [`MULTI_MAX_BLOCKS`]
+/// blocks (the caller uses the portable screen).
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C; `w` holds `hi.len() / n`
+/// rows of `k / 32` Q8_0 blocks at stride `row_bytes`, every `sxs[t]` has
+/// length `k`, `lo.len() == n` (checked by the caller).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn screen_avx2_multi(
+    sxs: &[ScreenX],
+    w: &[u8],
+    row_bytes: usize,
+    hi: &mut [f32],
+    lo: &mut [f32],
+) -> bool {
+    let n = sxs.len();
+    let nb = sxs[0].k / 32;
+    if nb > MULTI_MAX_BLOCKS {
+        return false;
+    }
+    let mut adw = [0.0f32; MULTI_MAX_BLOCKS];
+    for (r, hs) in hi.chunks_exact_mut(n).enumerate() {
+        let row = &w[r * row_bytes..][..nb * BLK];
+        // Next row: one line per block ahead (prefetch never faults).
+        for b in (0..nb * BLK).step_by(64) {
+            _mm_prefetch::<_MM_HINT_T0>(row.as_ptr().wrapping_add(row_bytes + b).cast());
+        }
+        for (b, blk) in row.chunks_exact(BLK).enumerate() {
+            adw[b] = half::f16::from_le_bytes([blk[0], blk[1]]).to_f32().abs();
+        }
+        let mut t0 = 0;
+        while t0 < n {
+            let m = MULTI_TILE.min(n - t0);
+            let (xs, a) = (&sxs[t0..t0 + m], &mut hs[t0..t0 + m]);
+            // SAFETY: AVX2/FMA/F16C are enabled; `row` holds `nb` blocks
+            // and each `xs[t]` `nb · 32` values.
+            unsafe {
+                match m {
+                    1 => tile_avx2::<1>(xs, row, a),
+                    2 => tile_avx2::<2>(xs, row, a),
+                    3 => tile_avx2::<3>(xs, row, a),
+                    4 => tile_avx2::<4>(xs, row, a),
+                    5 => tile_avx2::<5>(xs, row, a),
+                    6 => tile_avx2::<6>(xs, row, a),
+                    7 => tile_avx2::<7>(xs, row, a),
+                    _ => tile_avx2::<8>(xs, row, a),
+                }
+            }
+            t0 += m;
+        }
+        for ((h, sx), l) in hs.iter_mut().zip(sxs).zip(lo.iter_mut()) {
+            let a = *h;
+            // SAFETY: AVX2/FMA are enabled; both slices hold `nb` values.
+            let b = unsafe { dot_f32(&adw[..nb], &sx.c[..nb]) } + ABS_SLACK;
+            *h = a + b;
+            *l = fold_lo(*l, a - b, *h);
+        }
+    }
+    true
+}
+
+/// `a[t] = Σ_b d_w,b · d_x,b · Σ_i qw_i · qx_i` for the `M` activation
+/// rows `xs` against one weight row of whole Q8_0 blocks.
+///
+/// # Safety
+/// AVX2, FMA and F16C; `row` holds `nb` blocks and each `xs[t]` at least
+/// `nb · 32` values (`nb = row.len() / BLK`).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn tile_avx2<const M: usize>(xs: &[ScreenX], row: &[u8], a: &mut [f32]) {
+    let nb = row.len() / BLK;
+    assert!(xs.len() == M && a.len() == M && xs.iter().all(|x| x.q.len() >= nb * 32));
+    let ones = _mm256_set1_epi16(1);
+    let q: [*const i8; M] = core::array::from_fn(|t| xs[t].q.as_ptr());
+    let ld: [*const f32; M] = core::array::from_fn(|t| xs[t].lane_d.as_ptr());
+    let mut acc = [_mm256_setzero_ps(); M];
+    for (b, blk) in row.chunks_exact(BLK).enumerate() {
+        // SAFETY: `blk` bounds the 32 quant bytes after its 2-byte scale;
+        // `q[t]` holds `nb · 32` values and `ld[t]` `nb · 8` (asserted).
+        unsafe {
+            let wv = _mm256_loadu_si256(blk.as_ptr().add(2).cast());
+            let aw = _mm256_abs_epi8(wv);
+            let hbits = u16::from_le_bytes([blk[0], blk[1]]) as i16;
+            let dw = _mm256_cvtph_ps(_mm_set1_epi16(hbits));
+            for t in 0..M {
+                let xv = _mm256_loadu_si256(q[t].add(b * 32).cast());
+                let p16 = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, wv));
+                let p32 = _mm256_madd_epi16(p16, ones);
+                let scale = _mm256_mul_ps(dw, _mm256_loadu_ps(ld[t].add(b * 8)));
+                acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p32), scale, acc[t]);
+            }
+        }
+    }
+    for (o, v) in a.iter_mut().zip(acc) {
+        // SAFETY: register-only AVX ops.
+        *o = unsafe { hsum8(v) };
+    }
+}
+
+/// `Σ a_i · b_i` in f32, 8 lanes at a time.
+///
+/// # Safety
+/// AVX2 and FMA; `a.len() == b.len()`.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    let n8 = a.len() / 8 * 8;
+    let mut acc = _mm256_setzero_ps();
+    for i in (0..n8).step_by(8) {
+        // SAFETY: `i + 8 <= n8 <= len` of both.
+        unsafe {
+            acc = _mm256_fmadd_ps(
+                _mm256_loadu_ps(a.as_ptr().add(i)),
+                _mm256_loadu_ps(b.as_ptr().add(i)),
+                acc,
+            );
+        }
+    }
+    // SAFETY: register-only AVX ops.
+    let head = unsafe { hsum8(acc) };
+    head + a[n8..]
+        .iter()
+        .zip(&b[n8..])
+        .map(|(x, y)| x * y)
+        .sum::<f32>()
+}
+
 #[inline(always)]
 unsafe fn hsum8(v: __m256) -> f32 {
     // SAFETY: callers run with AVX enabled.
