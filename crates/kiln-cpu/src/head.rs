@@ -7,11 +7,18 @@
 //! those that reach the global one are re-scored with the exact `gemv`, in
 //! ascending vocab order, so every pick equals [`matmul::argmax`]'s. Other
 //! types (and a hidden row the screen refuses) take the exact path.
+//!
+//! Without VNNI the screen costs as much per (weight block, row) as the
+//! f32 GEMM (`pmaddubsw` + `pmaddwd` + scaling, ~2 cycles per 32 products
+//! either way; measured on a 2-core AVX2 AMD EPYC, real 270M: 16 rows
+//! 135 ms per step screened vs 124.5 ms through the logits, one row 18-19
+//! ms vs 17-18 ms through the integer GEMV), so there the logits are
+//! computed whole and scanned, which picks the same ids.
 
 use std::cell::RefCell;
 
 use kiln_kernels::{Isa, KernelError, RowMax, ScreenX};
-use kiln_model::Result;
+use kiln_model::{ModelError, Result};
 
 use crate::matmul::{self, kernel_err, rows_bytes, rows_per_task};
 use crate::par::{Par, SendPtr};
@@ -24,6 +31,10 @@ const SUB_ROWS: usize = 64;
 thread_local! {
     /// The caller's buffers, grown once.
     static BATCH: RefCell<Batch> = RefCell::new(Batch::default());
+    /// The picks of [`argmax_ids`], grown once.
+    static PICKS: RefCell<Vec<RowMax>> = const { RefCell::new(Vec::new()) };
+    /// A batch's logits where they are computed whole, grown once.
+    static LOGITS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     /// A task's bounds for [`SUB_ROWS`] rows, grown once per worker.
     static HI: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
@@ -45,9 +56,59 @@ struct Batch {
     bad: Vec<bool>,
 }
 
+/// The backend's greedy head: `ids[t]` for hidden row `t` of `h`; a row
+/// with a non-finite logit gets `u32::MAX`, or, when it is the only row,
+/// the error naming that logit. A lone row on a CPU with VNNI takes the
+/// one-row screen (`matmul::argmax_screened`); `exact` skips every screen.
+pub(crate) fn argmax_ids(
+    par: &Par,
+    isa: Isa,
+    w: &CpuWeight,
+    h: &[f32],
+    exact: bool,
+    ids: &mut [u32],
+) -> Result<()> {
+    PICKS.with(|p| {
+        let mut picks = p.borrow_mut();
+        if ids.len() == 1 && (exact || screen_pays(isa)) {
+            let screened = if exact {
+                None
+            } else {
+                matmul::argmax_screened(par, isa, w, h)?
+            };
+            let m = match screened {
+                Some(m) => m,
+                None => matmul::argmax(par, isa, w, h)?,
+            };
+            picks.clear();
+            picks.push(m);
+        } else {
+            argmax_batch(par, isa, w, h, exact, &mut picks)?;
+        }
+        if let [m] = &picks[..] {
+            // A NaN must be reported, not lost to `z > best` being false;
+            // the model fills in the position.
+            if let Some((token, value)) = m.non_finite {
+                return Err(ModelError::NonFiniteLogit {
+                    pos: 0,
+                    token: token as u32,
+                    value,
+                });
+            }
+        }
+        for (id, m) in ids.iter_mut().zip(picks.iter()) {
+            *id = match m.non_finite {
+                Some(_) => u32::MAX,
+                None => m.index as u32,
+            };
+        }
+        Ok(())
+    })
+}
+
 /// `out[t]`: the greedy pick of hidden row `t` of `h` (`n` rows of
 /// `w.cols`), as [`matmul::argmax`] finds it, non-finite logits included.
-pub(crate) fn argmax_batch(
+fn argmax_batch(
     par: &Par,
     isa: Isa,
     w: &CpuWeight,
@@ -67,7 +128,9 @@ pub(crate) fn argmax_batch(
         },
     );
     let mut todo: Vec<usize> = Vec::new();
-    if exact || !kiln_kernels::can_screen(w.ty) || w.rows == 0 {
+    if !screen_pays(isa) || exact || !kiln_kernels::can_screen(w.ty) {
+        return through_logits(par, isa, w, h, out);
+    } else if w.rows == 0 {
         todo.extend(0..n);
     } else {
         BATCH.with(|b| screened(par, isa, w, h, &mut b.borrow_mut(), out, &mut todo))?;
@@ -76,6 +139,46 @@ pub(crate) fn argmax_batch(
         out[t] = matmul::argmax(par, isa, w, &h[t * cols..(t + 1) * cols])?;
     }
     Ok(())
+}
+
+/// Whether the batch screen beats the GEMM on `isa` (see the module
+/// doc); `KILN_BATCH_HEAD=screen|logits` overrides it (read once).
+fn screen_pays(isa: Isa) -> bool {
+    static FORCED: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    let forced = FORCED.get_or_init(|| match std::env::var("KILN_BATCH_HEAD").as_deref() {
+        Ok("screen") => Some(true),
+        Ok("logits") => Some(false),
+        _ => None,
+    });
+    forced.unwrap_or(isa >= Isa::Avx512Vnni)
+}
+
+/// Every row's logits through the GEMM (one read of the head for all
+/// rows), then a scan per row: the largest logit, ties to the lowest id,
+/// and the lowest non-finite one.
+fn through_logits(par: &Par, isa: Isa, w: &CpuWeight, h: &[f32], out: &mut [RowMax]) -> Result<()> {
+    let n = out.len();
+    LOGITS.with(|l| {
+        let mut logits = l.borrow_mut();
+        logits.resize(n * w.rows, 0.0);
+        matmul::matmul(par, isa, w, 0, w.rows, h, n, &mut logits, None)?;
+        for (o, row) in out.iter_mut().zip(logits.chunks_exact(w.rows)) {
+            let (mut index, mut value, mut non_finite) = (0, f32::NEG_INFINITY, None);
+            for (r, &z) in row.iter().enumerate() {
+                if !z.is_finite() {
+                    non_finite.get_or_insert((r, z));
+                } else if z > value {
+                    (index, value) = (r, z);
+                }
+            }
+            *o = RowMax {
+                index,
+                value,
+                non_finite,
+            };
+        }
+        Ok(())
+    })
 }
 
 /// The screened path; hidden rows it cannot settle go to `todo`.

@@ -590,40 +590,15 @@ impl Backend for CpuBackend {
     ) -> Result<()> {
         check("argmax_head", rows.end * w.cols, h.len())?;
         check("argmax_head id", rows.end, step.ids.len())?;
-        if rows.len() != 1 {
-            let h = &h[rows.start * w.cols..rows.end * w.cols];
-            let mut picks = Vec::new();
-            head::argmax_batch(&self.par, self.isa, w, h, exact_argmax(), &mut picks)?;
-            for (id, m) in step.ids[rows].iter_mut().zip(picks) {
-                *id = match m.non_finite {
-                    Some(_) => u32::MAX,
-                    None => m.index as u32,
-                };
-            }
-            return Ok(());
-        }
-        let row = rows.start;
-        let h = &h[row * w.cols..(row + 1) * w.cols];
-        let screened = if exact_argmax() {
-            None
-        } else {
-            matmul::argmax_screened(&self.par, self.isa, w, h)?
-        };
-        let m = match screened {
-            Some(m) => m,
-            None => matmul::argmax(&self.par, self.isa, w, h)?,
-        };
-        // A NaN must be reported, not lost to `z > best` being false.
-        if let Some((token, value)) = m.non_finite {
-            // The model fills in the position.
-            return Err(ModelError::NonFiniteLogit {
-                pos: 0,
-                token: token as u32,
-                value,
-            });
-        }
-        step.ids[row] = m.index as u32;
-        Ok(())
+        let h = &h[rows.start * w.cols..rows.end * w.cols];
+        head::argmax_ids(
+            &self.par,
+            self.isa,
+            w,
+            h,
+            exact_argmax(),
+            &mut step.ids[rows],
+        )
     }
 }
 

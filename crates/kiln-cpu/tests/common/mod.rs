@@ -3,9 +3,10 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use kiln_cpu::CpuBackend;
+use kiln_cpu::{CpuBackend, CpuConfig, Isa};
 use kiln_gguf::Gguf;
-use kiln_model::{Model, Output};
+use kiln_model::{BatchSeq, Model, Output};
+use kiln_testdata::{fixture, fixture_models};
 
 pub fn load(path: &Path) -> Model<CpuBackend> {
     let g = Arc::new(Gguf::open(path).unwrap());
@@ -61,4 +62,81 @@ pub fn max_diff(a: &[f32], b: &[f32]) -> (f32, f32) {
         .fold(0.0f32, f32::max);
     let m = b.iter().map(|x| x.abs()).fold(0.0f32, f32::max);
     (d, m)
+}
+
+/// A batch's greedy heads (one screen pass over the head for all rows,
+/// and the exact path for types the screen does not cover) pick what
+/// each sequence's own logits give, on every ISA and head type.
+pub fn check_batched_greedy_heads() {
+    for (model, file) in [
+        ("gemma3-tiny", "model-q8_0.gguf"),
+        ("gemma2-tiny", "model-f32.gguf"),
+    ] {
+        let g = Arc::new(Gguf::open(fixture(&format!("{model}/{file}"))).unwrap());
+        for isa in Isa::available() {
+            let cfg = CpuConfig {
+                threads: 2,
+                isa: Some(isa),
+            };
+            let m = Model::load(CpuBackend::with_config(cfg), g.clone()).unwrap();
+            let prompts: Vec<Vec<u32>> = (0..5u32)
+                .map(|i| (0..3 + i).map(|j| 2 + (i * 37 + j * 11) % 200).collect())
+                .collect();
+            let mut s = m.new_scratch(64).unwrap();
+            let mut caches: Vec<_> = prompts.iter().map(|_| m.new_cache().unwrap()).collect();
+            let mut outs = vec![Vec::new(); prompts.len()];
+            let mut want = Vec::new();
+            for (p, out) in prompts.iter().zip(&mut outs) {
+                let mut c = m.new_cache().unwrap();
+                m.forward(p, &mut c, &mut s, Output::LastLogits, out)
+                    .unwrap();
+                want.push(argmax(out) as u32);
+            }
+            let mut seqs: Vec<BatchSeq<'_, CpuBackend>> = prompts
+                .iter()
+                .zip(caches.iter_mut())
+                .zip(outs.iter_mut())
+                .map(|((p, cache), out)| BatchSeq {
+                    tokens: p,
+                    cache,
+                    output: Output::Argmax,
+                    out,
+                })
+                .collect();
+            let got = m.forward_batch(&mut seqs, &mut s).unwrap();
+            let got: Vec<u32> = got.into_iter().map(|r| r.unwrap().unwrap()).collect();
+            assert_eq!(got, want, "{model} {isa}");
+        }
+    }
+}
+
+/// Checks that one sequence's greedy head picks its logits' argmax for 8
+/// steps, on every ISA, for every fixture family's Q8_0 file.
+pub fn check_single_greedy_heads() {
+    for model in fixture_models() {
+        let meta = json(&fixture(&format!("{model}/logits_seq24.json")));
+        let prompt = ids(&meta["input_ids"]);
+        let g = Arc::new(Gguf::open(fixture(&format!("{model}/model-q8_0.gguf"))).unwrap());
+        for isa in Isa::available() {
+            let cfg = CpuConfig {
+                threads: 2,
+                isa: Some(isa),
+            };
+            let m = Model::load(CpuBackend::with_config(cfg), g.clone()).unwrap();
+            // Same tokens into two caches: one for logits, one for Argmax.
+            let (mut ca, mut cb) = (m.new_cache().unwrap(), m.new_cache().unwrap());
+            let mut s = m.new_scratch(prompt.len()).unwrap();
+            let (mut logits, mut input) = (Vec::new(), prompt.clone());
+            for step in 0..8 {
+                m.forward(&input, &mut ca, &mut s, Output::LastLogits, &mut logits)
+                    .unwrap();
+                let got = m
+                    .forward(&input, &mut cb, &mut s, Output::Argmax, &mut Vec::new())
+                    .unwrap();
+                let want = argmax(&logits) as u32;
+                assert_eq!(got, Some(want), "{model} {isa} step {step}");
+                input = vec![want];
+            }
+        }
+    }
 }
