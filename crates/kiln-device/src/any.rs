@@ -9,7 +9,8 @@ use kiln_cpu::{CpuBackend, CpuBuf, CpuStep, CpuWeight};
 use kiln_cuda::{CudaBackend, CudaBuf, CudaStep, CudaWeight};
 use kiln_gguf::Gguf;
 use kiln_model::{
-    AttnParams, Backend, GraphKey, KvDst, ModelError, PastKv, Result, RopeConfig, StepInput,
+    AttnParams, Backend, GraphKey, HeadsPart, KvDst, ModelError, PastKv, Result, RopeConfig,
+    StepInput,
 };
 
 pub enum AnyBackend {
@@ -61,6 +62,7 @@ trait Side {
     fn step(x: &AnyStep) -> Result<&<Self::B as Backend>::Step>;
     fn step_mut(x: &mut AnyStep) -> Result<&mut <Self::B as Backend>::Step>;
     fn weight(x: &AnyWeight) -> Result<&<Self::B as Backend>::Weight>;
+    fn wrap_weight(x: <Self::B as Backend>::Weight) -> AnyWeight;
 }
 
 fn mixed(what: &str) -> ModelError {
@@ -116,6 +118,9 @@ macro_rules! side {
                     #[allow(unreachable_patterns)]
                     _ => Err(mixed("weight")),
                 }
+            }
+            fn wrap_weight(x: <$b as Backend>::Weight) -> AnyWeight {
+                AnyWeight::$v(x)
             }
         }
     };
@@ -334,6 +339,90 @@ impl Backend for AnyBackend {
                 S::step(step)?,
             )
         })
+    }
+
+    // The fused ops: every one is forwarded, or the inner backend's
+    // kernels would be replaced by the trait's unfused defaults.
+    fn concat_rows(&self, parts: &[&AnyWeight]) -> Result<Option<AnyWeight>> {
+        on!(self, |b, S| {
+            let inner = parts
+                .iter()
+                .map(|w| S::weight(w))
+                .collect::<Result<Vec<_>>>()?;
+            Ok(b.concat_rows(&inner)?.map(S::wrap_weight))
+        })
+    }
+
+    fn add_rms_norm(
+        &self,
+        y: &mut AnyBuf,
+        post: &AnyBuf,
+        x: &mut AnyBuf,
+        x_row0: usize,
+        n: usize,
+        d: usize,
+        pre: Option<&AnyBuf>,
+        eps: f32,
+    ) -> Result<()> {
+        on!(self, |b, S| b.add_rms_norm(
+            S::buf_mut(y)?,
+            S::buf(post)?,
+            S::buf_mut(x)?,
+            x_row0,
+            n,
+            d,
+            pre.map(S::buf).transpose()?,
+            eps
+        ))
+    }
+
+    fn split_heads(
+        &self,
+        src: &AnyBuf,
+        n_tok: usize,
+        head_dim: usize,
+        parts: &mut [HeadsPart<'_, Self>],
+        rope: &RopeConfig,
+        eps: f32,
+        step: &AnyStep,
+    ) -> Result<()> {
+        on!(self, |b, S| {
+            let mut inner = parts
+                .iter_mut()
+                .map(|p| {
+                    Ok(HeadsPart {
+                        dst: S::buf_mut(p.dst)?,
+                        heads: p.heads,
+                        norm: p.norm.map(S::buf).transpose()?,
+                        rope: p.rope,
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            b.split_heads(
+                S::buf(src)?,
+                n_tok,
+                head_dim,
+                &mut inner,
+                rope,
+                eps,
+                S::step(step)?,
+            )
+        })
+    }
+
+    fn gelu_mul_halves(
+        &self,
+        gu: &AnyBuf,
+        n_tok: usize,
+        ff: usize,
+        out: &mut AnyBuf,
+    ) -> Result<()> {
+        on!(self, |b, S| b.gelu_mul_halves(
+            S::buf(gu)?,
+            n_tok,
+            ff,
+            S::buf_mut(out)?
+        ))
     }
 
     fn gelu_mul(&self, gate: &mut AnyBuf, up: &AnyBuf, n: usize) -> Result<()> {
