@@ -159,6 +159,24 @@ fn past<'a, S: Side>(p: Option<PastKv<'a, AnyBackend>>) -> Result<Option<PastKv<
     .transpose()
 }
 
+/// `KILN_INJECT_NAN=N` (testing the non-finite paths): the `N`-th forward
+/// pass of the process (counting embeddings from 1) gets a NaN in its
+/// first row. Once per process, on whichever backend runs it (a CUDA step
+/// captured into a graph then keeps it on replay: the retry on the CPU is
+/// what the switch is for).
+fn inject_nan_now() -> bool {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static AT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    static CALLS: AtomicUsize = AtomicUsize::new(0);
+    let at = *AT.get_or_init(|| {
+        std::env::var("KILN_INJECT_NAN")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    });
+    at != 0 && CALLS.fetch_add(1, Ordering::Relaxed) + 1 == at
+}
+
 impl Backend for AnyBackend {
     type Buf = AnyBuf;
     type Step = AnyStep;
@@ -230,7 +248,13 @@ impl Backend for AnyBackend {
             n_tok,
             scale,
             S::buf_mut(out)?
-        ))
+        ))?;
+        if inject_nan_now() {
+            // x·NaN: a real non-finite value in the first row, for the
+            // detection and the CPU retry to find.
+            self.scale(out, f32::NAN, 1)?;
+        }
+        Ok(())
     }
 
     fn matmul(
@@ -521,5 +545,12 @@ impl Backend for AnyBackend {
 
     fn run_step(&self, key: Option<GraphKey>, f: &mut dyn FnMut() -> Result<()>) -> Result<()> {
         on!(self, |b, S| b.run_step(key, f))
+    }
+
+    fn cpu_fallback(&self, threads: usize) -> Option<Self> {
+        match self {
+            AnyBackend::Cpu(_) => None,
+            AnyBackend::Cuda(_) => Some(AnyBackend::Cpu(CpuBackend::with_threads(threads))),
+        }
     }
 }

@@ -419,6 +419,17 @@ pub trait Backend: Send + Sync {
     fn run_step(&self, _key: Option<GraphKey>, f: &mut dyn FnMut() -> Result<()>) -> Result<()> {
         f()
     }
+
+    /// A CPU backend of the same type to redo a step on when this one
+    /// produced a non-finite value (a device backend offers one; the CPU
+    /// has nothing to fall back to). `threads` sizes its kernels' pool
+    /// (0: one per core).
+    fn cpu_fallback(&self, _threads: usize) -> Option<Self>
+    where
+        Self: Sized,
+    {
+        None
+    }
 }
 
 /// A layer's cache as a [`Backend::store_kv`] destination.

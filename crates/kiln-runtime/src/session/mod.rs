@@ -158,6 +158,8 @@ impl<B: Backend> Session<B> {
             max_context: opts.max_context,
             pool,
             trace_timing: env_flag("KILN_TRACE_TIMING"),
+            threads: opts.threads,
+            fell_back: None,
         };
         Ok(Session {
             runner,
@@ -175,6 +177,13 @@ impl<B: Backend> Session<B> {
     /// (e.g. `device: CPU (cpu avx512vnni) — no CUDA GPU found`).
     pub fn device(&self) -> &str {
         &self.device
+    }
+
+    /// Why the session left its device for the CPU, when it has: a step
+    /// on the device produced a non-finite value and was redone on the
+    /// CPU, which then ran the rest (said on stderr as it happens).
+    pub fn fell_back(&self) -> Option<&str> {
+        self.runner.fell_back.as_deref()
     }
 
     /// The backend the model runs on.

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use kiln_model::{Backend, KvCache, Model, Output, Scratch};
 
-use super::Stats;
+use super::{Stats, PLAN_CACHE_SIZE};
 use crate::bucket::{prefill_bucket, DecodeLadder, PlanCache};
 use crate::error::{Result, RuntimeError};
 
@@ -48,6 +48,10 @@ pub(super) struct Runner<B: Backend> {
     pub(super) pool: rayon::ThreadPool,
     /// `KILN_TRACE_TIMING`: print a timing line per prefill chunk.
     pub(super) trace_timing: bool,
+    /// Threads of the session (the CPU fallback's kernels use as many).
+    pub(super) threads: usize,
+    /// Why the session left its device for the CPU, once it has.
+    pub(super) fell_back: Option<String>,
 }
 
 impl<B: Backend> Runner<B> {
@@ -58,9 +62,84 @@ impl<B: Backend> Runner<B> {
         self.last = Last::None;
     }
 
+    /// [`Runner::prefill_once`], redone on the CPU when the device
+    /// produced a non-finite value ([`Runner::fall_back_to_cpu`]).
+    pub(super) fn prefill(&mut self, ids: &[u32], need: Need, stats: &mut Stats) -> Result<()> {
+        match self.prefill_once(ids, need, stats) {
+            // The prompt is recomputed whole there.
+            Err(e) if self.fall_back_to_cpu(&e, "in the prompt", false)? => {
+                self.prefill_once(ids, need, stats)
+            }
+            r => r,
+        }
+    }
+
+    /// [`Runner::step_once`], redone on the CPU when the device produced
+    /// a non-finite value.
+    pub(super) fn step(&mut self, id: u32, output: Output) -> Result<()> {
+        let Err(e) = self.step_once(id, output) else {
+            return Ok(());
+        };
+        if self.fall_back_to_cpu(&e, &format!("in the step of token {id}"), true)? {
+            return self.step_once(id, output);
+        }
+        // The cache may hold this step's row, which `cached` does not list.
+        if self.cache.len() != self.cached.len() && self.cache.truncate(self.cached.len()).is_err()
+        {
+            self.reset();
+        }
+        Err(e)
+    }
+
+    /// When `err` is a non-finite value and the backend has a CPU
+    /// fallback: says so on stderr, moves the session to the CPU (the
+    /// same weights; the cached tokens recomputed there when `keep`, else
+    /// dropped) and returns true, for the caller to redo its work there.
+    /// The CPU stays: a device that produced NaN once is not trusted with
+    /// the rest of the session.
+    fn fall_back_to_cpu(&mut self, err: &RuntimeError, what: &str, keep: bool) -> Result<bool> {
+        let non_finite = matches!(
+            err,
+            RuntimeError::NonFiniteLogit { .. }
+                | RuntimeError::NonFiniteHidden
+                | RuntimeError::Model(kiln_model::ModelError::NonFiniteLogit { .. })
+        );
+        if !non_finite {
+            return Ok(false);
+        }
+        let Some(cpu) = self.model.backend().cpu_fallback(self.threads) else {
+            return Ok(false);
+        };
+        let why = format!(
+            "{} produced a non-finite value {what} at position {}: {err}",
+            self.model.backend().name(),
+            self.cached.len()
+        );
+        eprintln!("warning: {why}; redoing it on the CPU, which runs the rest of this session");
+        let model = Model::load(cpu, self.model.gguf().clone())?;
+        self.decode_scratch = model.new_scratch(1)?;
+        self.cache = model.new_cache()?;
+        self.plans = PlanCache::new(PLAN_CACHE_SIZE).with_max_rows(2 * self.max_prefill);
+        self.model = model;
+        self.reserved = 0;
+        self.last = Last::None;
+        self.fell_back = Some(why);
+        let tokens = std::mem::take(&mut self.cached);
+        if keep && !tokens.is_empty() {
+            self.reserve_exact(tokens.len())?;
+            let mut hidden = std::mem::take(&mut self.hidden_buf);
+            let r = tokens.chunks(self.max_prefill).try_for_each(|chunk| {
+                self.run_prefill_chunk(chunk, Output::LastHidden, &mut hidden)
+            });
+            self.hidden_buf = hidden;
+            r?;
+        }
+        Ok(true)
+    }
+
     /// Brings the cache to exactly `ids` with the last token's `need`ed
     /// output in `logits_buf` / `hidden_buf`, reusing what it can.
-    pub(super) fn prefill(&mut self, ids: &[u32], need: Need, stats: &mut Stats) -> Result<()> {
+    fn prefill_once(&mut self, ids: &[u32], need: Need, stats: &mut Stats) -> Result<()> {
         let have = matches!(
             (self.last, need),
             (Last::Logits, Need::Logits) | (Last::Hidden, Need::Hidden)
@@ -186,7 +265,7 @@ impl<B: Backend> Runner<B> {
     }
 
     /// One decode step of token `id` in the 1-token scratch.
-    pub(super) fn step(&mut self, id: u32, output: Output) -> Result<()> {
+    fn step_once(&mut self, id: u32, output: Output) -> Result<()> {
         self.reserve_kv(self.cache.len() + 1)?;
         self.last = Last::None;
         let (model, cache, scratch) = (&self.model, &mut self.cache, &mut self.decode_scratch);
@@ -205,13 +284,26 @@ impl<B: Backend> Runner<B> {
                 return Err(e.into());
             }
         };
-        self.cached.push(id);
-        self.last = match (output, r) {
+        if output == Output::LastLogits {
+            // Caught here, not by the sampler, so that the step can be
+            // redone (on the CPU) before its logits are used.
+            if let Some(index) = self.logits_buf.iter().position(|l| !l.is_finite()) {
+                let value = self.logits_buf[index];
+                return Err(RuntimeError::NonFiniteLogit {
+                    step: 0,
+                    index,
+                    value,
+                });
+            }
+        }
+        let last = match (output, r) {
             (Output::Argmax, Some(t)) if (t as usize) < model.config.n_vocab => Last::Argmax(t),
             (Output::Argmax, _) => return Err(RuntimeError::NonFiniteHidden),
             (Output::LastHidden, _) => Last::Hidden,
             _ => Last::Logits,
         };
+        self.cached.push(id);
+        self.last = last;
         Ok(())
     }
 
