@@ -58,8 +58,27 @@ async def stream_one(url, body):
     return ttft or 0.0, tokens, time.perf_counter() - t0
 
 
-def unchunk(raw):
-    return raw
+async def engine_seconds(url):
+    """(busy, forward, steps) from a kiln server's /metrics; None elsewhere."""
+    u = urllib.parse.urlsplit(url)
+    try:
+        reader, writer = await asyncio.open_connection(u.hostname, u.port)
+        writer.write(f"GET /metrics HTTP/1.1\r\nHost: {u.netloc}\r\nConnection: close\r\n\r\n".encode())
+        await writer.drain()
+        text = (await reader.read()).decode(errors="replace")
+        writer.close()
+    except OSError:
+        return None
+    vals = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and not line.startswith("#"):
+            try:
+                vals[parts[0]] = float(parts[1])
+            except ValueError:
+                pass
+    keys = ("kiln_engine_busy_seconds_total", "kiln_forward_seconds_total", "kiln_steps_total")
+    return tuple(vals[k] for k in keys) if all(k in vals for k in keys) else None
 
 
 async def level(url, streams, rounds, prompt_ids, output):
@@ -77,11 +96,20 @@ async def level(url, streams, rounds, prompt_ids, output):
             ttfts.append(ttft)
             total += n
 
+    before = await engine_seconds(url)
     t0 = time.perf_counter()
     await asyncio.gather(*(client(i) for i in range(streams)))
     secs = time.perf_counter() - t0
+    after = await engine_seconds(url)
     ttfts.sort()
-    return {
+    engine = {}
+    if before and after and after[2] > before[2]:
+        busy, fwd, steps = (a - b for a, b in zip(after, before))
+        # The host's share of the engine's busy time: everything outside the
+        # model's forward steps (planning, sampling, detokenizing, events).
+        engine = {"steps": int(steps), "ms_per_step": round(1e3 * busy / steps, 3),
+                  "host_share": round(1 - fwd / busy, 3) if busy > 0 else None}
+    return {**engine,
         "streams": streams,
         "requests": streams * rounds,
         "tokens": total,
@@ -113,7 +141,9 @@ async def main():
             print(json.dumps(r), flush=True)
         else:
             print(f"{a.label}: {s:3d} streams: {r['tok_s']:8.1f} tok/s, TTFT median {r['ttft_median_s']:.3f} s, "
-                  f"p90 {r['ttft_p90_s']:.3f} s ({r['requests']} requests, {r['tokens']} tokens, {r['seconds']} s)",
+                  f"p90 {r['ttft_p90_s']:.3f} s ({r['requests']} requests, {r['tokens']} tokens, {r['seconds']} s)"
+                  + (f"; {r['steps']} steps, {r['ms_per_step']} ms/step, host {100 * r['host_share']:.1f}%"
+                     if r.get("host_share") is not None else ""),
                   flush=True)
 
 

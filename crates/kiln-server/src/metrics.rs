@@ -90,6 +90,25 @@ impl ServerMetrics {
                 v.load(Ordering::Relaxed)
             );
         }
+        let seconds: [(&str, &str, &AtomicU64); 2] = [
+            (
+                "kiln_engine_busy_seconds_total",
+                "Engine time spent on turns that ran a step (host work included).",
+                &e.busy_us,
+            ),
+            (
+                "kiln_forward_seconds_total",
+                "Of that, time inside the model's forward steps; the rest is host work.",
+                &e.forward_us,
+            ),
+        ];
+        for (name, help, v) in seconds {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {:.6}",
+                v.load(Ordering::Relaxed) as f64 / 1e6
+            );
+        }
         let gauges: [(&str, &str, &AtomicUsize); 7] = [
             (
                 "kiln_queue_depth",

@@ -79,6 +79,11 @@ pub struct EngineMetrics {
     pub failed_steps: AtomicU64,
     /// Sequences cancelled because their receiver went away.
     pub cancelled: AtomicU64,
+    /// Microseconds of engine turns that ran a step (admission, planning,
+    /// the forward, sampling and sending events), and of those, inside
+    /// the model's forward: the rest is the host's share of a step.
+    pub busy_us: AtomicU64,
+    pub forward_us: AtomicU64,
     /// From arrival to the first generated token.
     pub time_to_first_token: Histogram,
     /// Between consecutive tokens of one sequence.
@@ -88,6 +93,10 @@ pub struct EngineMetrics {
 impl EngineMetrics {
     pub(crate) fn add(counter: &AtomicU64, n: usize) {
         counter.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    pub(crate) fn add_time(counter: &AtomicU64, d: Duration) {
+        counter.fetch_add(d.as_micros() as u64, Ordering::Relaxed);
     }
 }
 

@@ -211,6 +211,7 @@ impl<'t, B: Backend> Scheduler<'t, B> {
                     Err(_) => return,
                 }
             }
+            let turn = Instant::now();
             loop {
                 match commands.try_recv() {
                     Ok(cmd) => {
@@ -229,6 +230,7 @@ impl<'t, B: Backend> Scheduler<'t, B> {
             self.admit();
             if !self.running.is_empty() {
                 self.step();
+                EngineMetrics::add_time(&self.metrics().busy_us, turn.elapsed());
             }
             self.publish_gauges();
         }
@@ -492,11 +494,13 @@ impl<'t, B: Backend> Scheduler<'t, B> {
             order.push(i);
         }
         let (model, scratch) = (&self.model, &mut self.scratch);
+        let forward = Instant::now();
         let result = catch_unwind(AssertUnwindSafe(|| {
             model.forward_batch(&mut batch, scratch)
         }));
         drop(batch);
         let m = self.metrics();
+        EngineMetrics::add_time(&m.forward_us, forward.elapsed());
         EngineMetrics::add(&m.steps, 1);
         let outcomes: Vec<Outcome> = match result {
             Ok(Ok(results)) => order

@@ -279,6 +279,10 @@ def test_health_metrics_tokenize_detokenize():
                  "kiln_queue_depth", "kiln_running_sequences", "kiln_kv_running_bytes",
                  "kiln_time_to_first_token_seconds_bucket", "kiln_inter_token_latency_seconds_count"]:
         assert name in text, name
+    vals = {l.split()[0]: float(l.split()[1]) for l in text.splitlines() if l and l[0] != "#"}
+    busy, fwd = vals["kiln_engine_busy_seconds_total"], vals["kiln_forward_seconds_total"]
+    assert busy >= fwd >= 0, (busy, fwd)
+    assert (fwd > 0) == (vals["kiln_steps_total"] > 0), (fwd, vals["kiln_steps_total"])
     status, _, body = raw("POST", URL + "/tokenize", {"content": "Hello world", "add_special": True})
     ids = json.loads(body)["tokens"]
     assert status == 200 and ids[0] == 2 and len(ids) == 3
@@ -308,9 +312,18 @@ def test_missing_key_401_and_big_body_413():
 
 def test_full_queue_is_429_with_retry_after():
     # --parallel 1 --queue 1: one running, one waiting, the rest refused.
-    body = {"prompt": "Count:", "max_tokens": 40, "ignore_eos": True, "temperature": 0}
+    # The first request is admitted before the others are sent (on a busy
+    # machine six at once can all meet a queue that still holds the first).
+    long = {"prompt": "Count:", "max_tokens": 55, "ignore_eos": True, "temperature": 0}
+    body = {"prompt": "Count:", "max_tokens": 8, "ignore_eos": True, "temperature": 0}
     with cf.ThreadPoolExecutor(6) as ex:
-        results = list(ex.map(lambda _: raw("POST", SMALL_URL + "/v1/completions", body), range(6)))
+        first = ex.submit(raw, "POST", SMALL_URL + "/v1/completions", long)
+        deadline = time.time() + 60
+        while metric("kiln_running_sequences", SMALL_URL) < 1 and not first.done():
+            assert time.time() < deadline, "the first request was not admitted"
+            time.sleep(0.01)
+        rest = list(ex.map(lambda _: raw("POST", SMALL_URL + "/v1/completions", body), range(5)))
+        results = [first.result()] + rest
     statuses = sorted(s for s, _, _ in results)
     assert statuses.count(200) >= 2 and 429 in statuses, statuses
     for s, h, b in results:
@@ -318,8 +331,8 @@ def test_full_queue_is_429_with_retry_after():
             assert h["retry-after"] == "1" and error_of(s, b)["code"] == "rate_limit_exceeded"
 
 
-def metric(name):
-    text = raw("GET", URL + "/metrics")[2].decode()
+def metric(name, url=URL):
+    text = raw("GET", url + "/metrics")[2].decode()
     return sum(float(l.split()[-1]) for l in text.splitlines() if l.startswith(name + " "))
 
 
