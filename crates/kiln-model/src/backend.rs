@@ -82,13 +82,14 @@ impl StepInput {
 /// replay a graph captured for it. Only the step's inputs may differ.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct GraphKey {
-    /// Rows of the step.
+    /// Rows of the step (a decode step's, padded to a power of two).
     pub rows: usize,
     /// KV length bucket (a power of two at least every sequence's
     /// `p0 + n_rows`); attention launch shapes are sized by it.
     pub kv_bucket: usize,
-    /// Identity of the buffers the step touches (scratch and caches);
-    /// changes whenever one is reallocated.
+    /// Identity of the buffers the step's launches name (the scratch);
+    /// changes whenever one is reallocated. Caches are not among them:
+    /// the ops find them through the step ([`Backend::bind_kv`]).
     pub buffers: u64,
 }
 
@@ -122,6 +123,33 @@ pub struct PastKv<'a, B: ?Sized + Backend> {
     pub v: &'a B::Buf,
     pub start: usize,
     pub rows: usize,
+}
+
+// Manual: a derive would ask `B: Clone`.
+impl<B: ?Sized + Backend> Clone for PastKv<'_, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<B: ?Sized + Backend> Copy for PastKv<'_, B> {}
+
+/// One sequence's cache of one layer, as a step binds it
+/// ([`Backend::bind_kv`]): its K and V buffers of `rows` rows.
+pub struct KvBinding<'a, B: ?Sized + Backend> {
+    pub k: &'a B::Buf,
+    pub v: &'a B::Buf,
+    pub rows: usize,
+}
+
+/// One sequence's part of a [`Backend::store_kv_batch`]: rows `src_row0..
+/// src_row0 + n` of the step's K/V, its positions `p0..p0 + n`, into `dst`.
+pub struct KvStore<'a, B: ?Sized + Backend> {
+    pub dst: KvDst<'a, B>,
+    pub src_row0: usize,
+    pub n: usize,
+    pub p0: usize,
+    /// Index of the sequence in the step.
+    pub seq: usize,
 }
 
 /// Device ops. Buffers hold row-major f32 `[rows, width]` data; every op
@@ -212,6 +240,76 @@ pub trait Backend: Send + Sync {
         step: &Self::Step,
         out: &mut Self::Buf,
     ) -> Result<()>;
+    /// Attention of every sequence of a step in one call: sequence `i`
+    /// with `params[i]` over `pasts[i]` (its cache of `layer`, the layer
+    /// whose K/V it reads). The default runs [`Backend::attention`] per
+    /// sequence; a device backend may run all of them at once, reading
+    /// each sequence's cache from what [`Backend::bind_kv`] recorded.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_batch(
+        &self,
+        layer: usize,
+        q: &Self::Buf,
+        cur_k: &Self::Buf,
+        cur_v: &Self::Buf,
+        pasts: &[Option<PastKv<'_, Self>>],
+        params: &[AttnParams],
+        step: &Self::Step,
+        out: &mut Self::Buf,
+    ) -> Result<()> {
+        let _ = layer;
+        if pasts.len() != params.len() {
+            return Err(crate::ModelError::Backend(format!(
+                "attention of {} sequences given {} caches",
+                params.len(),
+                pasts.len()
+            )));
+        }
+        for (past, p) in pasts.iter().zip(params) {
+            self.attention(q, cur_k, cur_v, *past, p, step, out)?;
+        }
+        Ok(())
+    }
+    /// Records, before [`Backend::load_step`], that sequence `seq` of the
+    /// step keeps layer `layer`'s K/V in `kv` (None: no cache, e.g. a
+    /// padding row's sequence). A backend that replays steps as graphs
+    /// keeps these in the step's inputs, so a graph does not depend on
+    /// which caches are in the batch. The default records nothing (the
+    /// ops get the buffers as arguments).
+    fn bind_kv(
+        &self,
+        _step: &mut Self::Step,
+        _seq: usize,
+        _layer: usize,
+        _kv: Option<KvBinding<'_, Self>>,
+    ) -> Result<()> {
+        Ok(())
+    }
+    /// Whether the backend replays decode steps as graphs: the model then
+    /// pads an all-decode step to a power-of-two row count (rows of no
+    /// sequence's cache), so a few graphs serve every batch size. The CPU
+    /// keeps exact batches.
+    fn replays_steps(&self) -> bool {
+        false
+    }
+    /// [`Backend::store_kv`] of every sequence of a step for `layer`. The
+    /// default stores them one by one; a device backend may store all in
+    /// one launch from the caches [`Backend::bind_kv`] recorded.
+    fn store_kv_batch(
+        &self,
+        layer: usize,
+        k: &Self::Buf,
+        v: &Self::Buf,
+        stores: &mut [KvStore<'_, Self>],
+        step: &Self::Step,
+    ) -> Result<()> {
+        let _ = layer;
+        for st in stores.iter_mut() {
+            let dst = st.dst.reborrow();
+            self.store_kv(k, v, st.src_row0, dst, st.n, st.p0, st.seq, step)?;
+        }
+        Ok(())
+    }
     /// Stores rows `src_row0..src_row0 + n` of `k`/`v` (a sequence's
     /// positions `p0..p0 + n`) in its cache: position `pos` in row `pos %
     /// rows` of a ring, row `pos` otherwise. A ring keeps only the last
@@ -431,6 +529,19 @@ pub struct KvDst<'a, B: ?Sized + Backend> {
     pub row_len: usize,
     /// A sliding-window ring (`pos % rows`) rather than `pos` rows.
     pub ring: bool,
+}
+
+impl<B: ?Sized + Backend> KvDst<'_, B> {
+    /// The same destination, borrowed for a shorter time.
+    pub fn reborrow(&mut self) -> KvDst<'_, B> {
+        KvDst {
+            k: &mut *self.k,
+            v: &mut *self.v,
+            rows: self.rows,
+            row_len: self.row_len,
+            ring: self.ring,
+        }
+    }
 }
 
 /// One part of a fused projection for [`Backend::split_heads`].

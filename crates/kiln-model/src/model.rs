@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use kiln_gguf::{GgmlType, Gguf};
 
-use crate::backend::{AttnParams, Backend, GraphKey, HeadsPart, StepInput};
+use crate::backend::{AttnParams, Backend, GraphKey, HeadsPart, KvStore, StepInput};
 use crate::config::{LayerConfig, ModelConfig};
 use crate::error::{ModelError, Result};
 use crate::kv::{buffer_id, KvCache};
@@ -562,9 +562,18 @@ impl<B: Backend> Model<B> {
         for q in seqs.iter() {
             s.input.push_seq(q.tokens, q.cache.len());
         }
+        // A decode step a graph replays is padded to a power-of-two row
+        // count: one-row sequences of token 0 at position 0 with no cache
+        // (their K/V go nowhere, their ids are dropped).
+        if self.graph_decode(seqs) {
+            let padded = n.next_power_of_two().min(s.max_tokens);
+            for _ in n..padded {
+                s.input.push_seq(&[0], 0);
+            }
+        }
         let r = self
-            .backend
-            .load_step(&s.input, &mut s.step)
+            .bind_caches(seqs, s)
+            .and_then(|()| self.backend.load_step(&s.input, &mut s.step))
             .and_then(|()| self.run(seqs, s));
         match &r {
             Ok(()) => {
@@ -578,6 +587,30 @@ impl<B: Backend> Model<B> {
             Err(_) => seqs.iter_mut().for_each(|q| q.cache.abort()),
         }
         r
+    }
+
+    /// Whether `seqs` make a decode step the backend replays as a graph:
+    /// one greedy row each, and no host work inside the step (debug taps,
+    /// MoE routing).
+    fn graph_decode(&self, seqs: &[BatchSeq<'_, B>]) -> bool {
+        self.backend.replays_steps()
+            && !self.dump_layer0
+            && self.config.layers.iter().all(|l| l.moe.is_none())
+            && seqs
+                .iter()
+                .all(|q| q.output == Output::Argmax && q.tokens.len() == 1)
+    }
+
+    /// Records every sequence's cache of every layer in the step (padding
+    /// sequences have none).
+    fn bind_caches(&self, seqs: &[BatchSeq<'_, B>], s: &mut Scratch<B>) -> Result<()> {
+        for i in 0..s.input.seqs.len() {
+            for il in 0..self.config.n_layer {
+                let kv = seqs.get(i).and_then(|q| q.cache.binding(il));
+                self.backend.bind_kv(&mut s.step, i, il, kv)?;
+            }
+        }
+        Ok(())
     }
 
     /// [`Model::forward_batch`] after its checks: every layer, the K/V of
@@ -622,21 +655,23 @@ impl<B: Backend> Model<B> {
             o.dst = at[o.group];
             at[o.group] += o.rows;
         }
-        let n_out = at[2];
+        // Padding rows (a graph-replayed decode step's, after the real
+        // ones, all greedy rows in place) run the argmax head too, so
+        // the step's launches depend only on its padded row count.
+        let pad = s.input.seqs.len() - seqs.len();
+        let n_argmax = n_argmax + pad;
+        let n_out = at[2] + pad;
 
-        // Host work inside a step (debug taps, MoE routing) cannot be
-        // replayed.
-        let replayable = !self.dump_layer0 && cfg.layers.iter().all(|l| l.moe.is_none());
-        let key = if n_argmax == 1 && n == 1 && replayable {
-            let kv_end = s.input.seqs[0].p0 + 1;
-            Some(GraphKey {
-                rows: 1,
+        // Caches are found through the step (`bind_caches`), so a key
+        // names no cache: any sequences of a bucket replay its graph.
+        let key = self.graph_decode(seqs).then(|| {
+            let kv_end = s.input.seqs.iter().map(|sp| sp.p0 + 1).max().unwrap_or(1);
+            GraphKey {
+                rows: n,
                 kv_bucket: kv_end.next_power_of_two(),
-                buffers: s.id.rotate_left(32) ^ seqs[0].cache.buffers_id(),
-            })
-        } else {
-            None
-        };
+                buffers: s.id,
+            }
+        });
         let mut body = || -> Result<()> {
             b.embed(&self.token_embd, &s.step, n, cfg.embed_scale, &mut s.x)?;
             if self.dump_layer0 {
@@ -663,9 +698,7 @@ impl<B: Backend> Model<B> {
             // KV-shared layers have read their sources' batch rows by now.
             for (il, (k, v)) in s.chunk_k.iter().zip(&s.chunk_v).enumerate() {
                 if let (Some(k), Some(v)) = (k, v) {
-                    for (i, (q, sp)) in seqs.iter_mut().zip(&s.input.seqs).enumerate() {
-                        q.cache.store(b, il, sp.row0, sp.n_rows, k, v, i, &s.step)?;
-                    }
+                    store_batch(b, il, seqs, k, v, &s.input, &s.step)?;
                 }
             }
             // Final norm only on the rows the outputs need.
@@ -883,9 +916,12 @@ impl<B: Backend> Model<B> {
             _ if src == il => (&s.layer_k, &s.layer_v),
             _ => return Err(ModelError::Backend(format!("layer {src}: no K/V scratch"))),
         };
-        // Attention per sequence, each over its own cache.
-        for (i, (q, sp)) in seqs.iter_mut().zip(&s.input.seqs).enumerate() {
-            let params = AttnParams {
+        // Attention of every sequence (padding ones too), each over its
+        // own cache, in one call.
+        let (mut pasts, mut params) = (Vec::new(), Vec::new());
+        for (i, sp) in s.input.seqs.iter().enumerate() {
+            pasts.push(seqs.get(i).and_then(|q| q.cache.past(src)));
+            params.push(AttnParams {
                 n_tok: sp.n_rows,
                 p0: sp.p0,
                 row0: sp.row0,
@@ -896,14 +932,21 @@ impl<B: Backend> Model<B> {
                 scale: l.attn_scale,
                 softcap: cfg.attn_softcap,
                 window: l.window,
-            };
-            let past = q.cache.past(src);
-            b.attention(&s.q_up, ck, cv, past, &params, &s.step, &mut s.attn_gate)?;
-            if l.owns_kv() && !deferred {
-                let (row0, rows) = (sp.row0, sp.n_rows);
-                q.cache
-                    .store(b, il, row0, rows, &s.layer_k, &s.layer_v, i, &s.step)?;
-            }
+            });
+        }
+        b.attention_batch(
+            src,
+            &s.q_up,
+            ck,
+            cv,
+            &pasts,
+            &params,
+            &s.step,
+            &mut s.attn_gate,
+        )?;
+        drop(pasts);
+        if l.owns_kv() && !deferred {
+            store_batch(b, il, seqs, &s.layer_k, &s.layer_v, &s.input, &s.step)?;
         }
         if dump {
             self.tap("attn_out", &s.attn_gate, n * l.q_dim())?;
@@ -1163,6 +1206,30 @@ impl<B: Backend> Model<B> {
         }
         Ok(())
     }
+}
+
+/// Stores the step's K/V rows `k`/`v` of `layer` in every sequence's
+/// cache, in one [`Backend::store_kv_batch`].
+fn store_batch<B: Backend>(
+    b: &B,
+    layer: usize,
+    seqs: &mut [BatchSeq<'_, B>],
+    k: &B::Buf,
+    v: &B::Buf,
+    input: &StepInput,
+    step: &B::Step,
+) -> Result<()> {
+    let mut stores = Vec::with_capacity(seqs.len());
+    for (i, (q, sp)) in seqs.iter_mut().zip(&input.seqs).enumerate() {
+        stores.push(KvStore {
+            dst: q.cache.store_dst(layer, sp.n_rows)?,
+            src_row0: sp.row0,
+            n: sp.n_rows,
+            p0: sp.p0,
+            seq: i,
+        });
+    }
+    b.store_kv_batch(layer, k, v, &mut stores, step)
 }
 
 /// Rows a dense feed-forward runs at a time. Its `[rows, ffn]` gate and up
