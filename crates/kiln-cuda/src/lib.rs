@@ -96,6 +96,8 @@ pub struct CudaStats {
     pub device_to_host: u64,
     /// Captured graphs held now.
     pub graphs_held: usize,
+    /// Nanoseconds spent in device→host copies, waiting for the device.
+    pub download_ns: u64,
 }
 
 /// The CUDA backend on one GPU.
@@ -163,6 +165,7 @@ impl CudaBackend {
             host_to_device: get(&c.host_to_device),
             device_to_host: get(&c.device_to_host),
             graphs_held: self.graphs.captured(),
+            download_ns: get(&c.download_ns),
         }
     }
 
