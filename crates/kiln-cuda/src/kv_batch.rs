@@ -14,37 +14,32 @@ use crate::{CudaBackend, CudaBuf, CudaStep};
 /// `i` of sequence `i`, every sequence of the step) in one launch; any
 /// other mix (prefill chunks) per sequence, uncaptured.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn attention(
+pub(crate) fn attention<'c>(
     c: &CudaBackend,
     layer: usize,
     q: &CudaBuf,
     cur_k: &CudaBuf,
     cur_v: &CudaBuf,
-    pasts: &[Option<PastKv<'_, CudaBackend>>],
+    pasts: &mut dyn Iterator<Item = Option<PastKv<'c, CudaBackend>>>,
     params: &[AttnParams],
     step: &CudaStep,
     out: &mut CudaBuf,
 ) -> Result<()> {
-    if pasts.len() != params.len() {
-        return Err(ModelError::Backend(format!(
-            "attention of {} sequences given {} caches",
-            params.len(),
-            pasts.len()
-        )));
-    }
     let decode = params.len() == step.host.seqs.len()
         && params
             .iter()
             .enumerate()
             .all(|(i, p)| p.n_tok == 1 && p.row0 == i && p.seq == i);
     if !decode {
-        for (past, p) in pasts.iter().zip(params) {
-            c.attention(q, cur_k, cur_v, *past, p, step, out)?;
+        for (past, p) in pasts.zip(params) {
+            c.attention(q, cur_k, cur_v, past, p, step, out)?;
         }
         return Ok(());
     }
     let first = &params[0];
-    for (i, (past, p)) in pasts.iter().zip(params).enumerate() {
+    let mut n = 0;
+    for (i, (past, p)) in pasts.zip(params).enumerate() {
+        n += 1;
         CudaBackend::seq_of(step, i, p.p0)?;
         if (p.n_head, p.n_kv_head, p.head_dim) != (first.n_head, first.n_kv_head, first.head_dim) {
             return Err(ModelError::Backend(format!(
@@ -84,6 +79,12 @@ pub(crate) fn attention(
             (None, _) => {}
         }
     }
+    if n != params.len() {
+        return Err(ModelError::Backend(format!(
+            "attention of {} sequences given {n} caches",
+            params.len()
+        )));
+    }
     let bufs = AttnBufs {
         q: &q.data,
         cur_k: &cur_k.data,
@@ -100,19 +101,20 @@ pub(crate) fn attention(
 /// cache of `layer`, one launch. `stores` must name exactly the caches
 /// the step bound for the layer, each sequence's rows as the step lays
 /// them out.
-pub(crate) fn store(
+pub(crate) fn store<'c>(
     c: &CudaBackend,
     layer: usize,
     k: &CudaBuf,
     v: &CudaBuf,
-    stores: &mut [KvStore<'_, CudaBackend>],
+    stores: &mut dyn Iterator<Item = Result<KvStore<'c, CudaBackend>>>,
     step: &CudaStep,
 ) -> Result<()> {
-    let Some(first) = stores.first() else {
-        return Ok(());
-    };
-    let (ring, row_len) = (first.dst.ring, first.dst.row_len);
-    for st in stores.iter() {
+    // (ring, row length) of the first; how many.
+    let (mut kind, mut named_count) = (None, 0);
+    for st in stores {
+        let st = st?;
+        named_count += 1;
+        let (ring, row_len) = *kind.get_or_insert((st.dst.ring, st.dst.row_len));
         let i = st.seq;
         CudaBackend::seq_of(step, i, st.p0)?;
         let sp = step.host.seqs[i];
@@ -152,13 +154,15 @@ pub(crate) fn store(
     }
     // The kernel stores every sequence with a bound cache: those must be
     // exactly the ones named here.
+    let Some((ring, row_len)) = kind else {
+        return Ok(());
+    };
     let bound = (0..step.host.seqs.len())
         .filter(|&i| step.kv_entry(layer, i).is_some())
         .count();
-    if bound != stores.len() {
+    if bound != named_count {
         return Err(ModelError::Backend(format!(
-            "store_kv: the step bound {bound} caches of layer {layer}, the call names {}",
-            stores.len()
+            "store_kv: the step bound {bound} caches of layer {layer}, the call names {named_count}"
         )));
     }
     let g = &c.gpu;

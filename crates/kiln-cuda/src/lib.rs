@@ -379,13 +379,13 @@ impl Backend for CudaBackend {
         true
     }
 
-    fn attention_batch(
+    fn attention_batch<'c>(
         &self,
         layer: usize,
         q: &CudaBuf,
         cur_k: &CudaBuf,
         cur_v: &CudaBuf,
-        pasts: &[Option<PastKv<'_, Self>>],
+        pasts: &mut dyn Iterator<Item = Option<PastKv<'c, Self>>>,
         params: &[AttnParams],
         step: &CudaStep,
         out: &mut CudaBuf,
@@ -393,12 +393,12 @@ impl Backend for CudaBackend {
         kv_batch::attention(self, layer, q, cur_k, cur_v, pasts, params, step, out)
     }
 
-    fn store_kv_batch(
+    fn store_kv_batch<'c>(
         &self,
         layer: usize,
         k: &CudaBuf,
         v: &CudaBuf,
-        stores: &mut [KvStore<'_, Self>],
+        stores: &mut dyn Iterator<Item = Result<KvStore<'c, Self>>>,
         step: &CudaStep,
     ) -> Result<()> {
         kv_batch::store(self, layer, k, v, stores, step)

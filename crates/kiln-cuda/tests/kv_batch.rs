@@ -69,19 +69,14 @@ fn run<B: Backend>(b: &B, c: &Case, data: &[Vec<f32>]) -> (Vec<f32>, Vec<Vec<f32
     }
     b.load_step(&input, &mut step).unwrap();
     let mut out = b.upload(&vec![f32::NAN; rows * c.n_head * c.hd]).unwrap();
-    let pasts: Vec<Option<PastKv<'_, B>>> = c
-        .seqs
-        .iter()
-        .zip(&caches)
-        .map(|(sq, (ck, cv))| {
-            (sq.bound && sq.p0 > 0).then_some(PastKv {
-                k: ck,
-                v: cv,
-                start: sq.p0.saturating_sub(sq.rows),
-                rows: sq.rows,
-            })
+    let mut pasts = c.seqs.iter().zip(&caches).map(|(sq, (ck, cv))| {
+        (sq.bound && sq.p0 > 0).then_some(PastKv {
+            k: ck,
+            v: cv,
+            start: sq.p0.saturating_sub(sq.rows),
+            rows: sq.rows,
         })
-        .collect();
+    });
     let params: Vec<AttnParams> = input
         .seqs
         .iter()
@@ -99,30 +94,31 @@ fn run<B: Backend>(b: &B, c: &Case, data: &[Vec<f32>]) -> (Vec<f32>, Vec<Vec<f32
             window: c.window,
         })
         .collect();
-    b.attention_batch(LAYER, &q, &k, &v, &pasts, &params, &step, &mut out)
+    b.attention_batch(LAYER, &q, &k, &v, &mut pasts, &params, &step, &mut out)
         .unwrap();
     drop(pasts);
-    let mut stores: Vec<KvStore<'_, B>> = c
+    let mut stores = c
         .seqs
         .iter()
         .zip(&input.seqs)
         .zip(caches.iter_mut())
         .enumerate()
         .filter(|(_, ((sq, _), _))| sq.bound)
-        .map(|(i, ((sq, sp), (ck, cv)))| KvStore {
-            dst: KvDst {
-                k: ck,
-                v: cv,
-                rows: sq.rows,
-                row_len: c.n_kv * c.hd,
-                ring: c.window.is_some(),
-            },
-            src_row0: sp.row0,
-            n: sp.n_rows,
-            p0: sp.p0,
-            seq: i,
-        })
-        .collect();
+        .map(|(i, ((sq, sp), (ck, cv)))| {
+            Ok(KvStore::<'_, B> {
+                dst: KvDst {
+                    k: ck,
+                    v: cv,
+                    rows: sq.rows,
+                    row_len: c.n_kv * c.hd,
+                    ring: c.window.is_some(),
+                },
+                src_row0: sp.row0,
+                n: sp.n_rows,
+                p0: sp.p0,
+                seq: i,
+            })
+        });
     b.store_kv_batch(LAYER, &k, &v, &mut stores, &step).unwrap();
     drop(stores);
     let kv = caches

@@ -241,32 +241,34 @@ pub trait Backend: Send + Sync {
         out: &mut Self::Buf,
     ) -> Result<()>;
     /// Attention of every sequence of a step in one call: sequence `i`
-    /// with `params[i]` over `pasts[i]` (its cache of `layer`, the layer
-    /// whose K/V it reads). The default runs [`Backend::attention`] per
-    /// sequence; a device backend may run all of them at once, reading
-    /// each sequence's cache from what [`Backend::bind_kv`] recorded.
+    /// with `params[i]` over the `i`-th of `pasts` (its cache of `layer`,
+    /// the layer whose K/V it reads; an iterator, so a step allocates
+    /// nothing). The default runs [`Backend::attention`] per sequence; a
+    /// device backend may run all of them at once, reading each
+    /// sequence's cache from what [`Backend::bind_kv`] recorded.
     #[allow(clippy::too_many_arguments)]
-    fn attention_batch(
+    fn attention_batch<'c>(
         &self,
         layer: usize,
         q: &Self::Buf,
         cur_k: &Self::Buf,
         cur_v: &Self::Buf,
-        pasts: &[Option<PastKv<'_, Self>>],
+        pasts: &mut dyn Iterator<Item = Option<PastKv<'c, Self>>>,
         params: &[AttnParams],
         step: &Self::Step,
         out: &mut Self::Buf,
     ) -> Result<()> {
         let _ = layer;
-        if pasts.len() != params.len() {
-            return Err(crate::ModelError::Backend(format!(
-                "attention of {} sequences given {} caches",
-                params.len(),
-                pasts.len()
-            )));
+        let mut n = 0;
+        for (past, p) in pasts.zip(params) {
+            self.attention(q, cur_k, cur_v, past, p, step, out)?;
+            n += 1;
         }
-        for (past, p) in pasts.iter().zip(params) {
-            self.attention(q, cur_k, cur_v, *past, p, step, out)?;
+        if n != params.len() {
+            return Err(crate::ModelError::Backend(format!(
+                "attention of {} sequences given {n} caches",
+                params.len()
+            )));
         }
         Ok(())
     }
@@ -292,21 +294,23 @@ pub trait Backend: Send + Sync {
     fn replays_steps(&self) -> bool {
         false
     }
-    /// [`Backend::store_kv`] of every sequence of a step for `layer`. The
-    /// default stores them one by one; a device backend may store all in
-    /// one launch from the caches [`Backend::bind_kv`] recorded.
-    fn store_kv_batch(
+    /// [`Backend::store_kv`] of every sequence of a step for `layer` (an
+    /// iterator, so a step allocates nothing; an item's error ends the
+    /// call). The default stores them one by one; a device backend may
+    /// store all in one launch from the caches [`Backend::bind_kv`]
+    /// recorded.
+    fn store_kv_batch<'c>(
         &self,
         layer: usize,
         k: &Self::Buf,
         v: &Self::Buf,
-        stores: &mut [KvStore<'_, Self>],
+        stores: &mut dyn Iterator<Item = Result<KvStore<'c, Self>>>,
         step: &Self::Step,
     ) -> Result<()> {
         let _ = layer;
-        for st in stores.iter_mut() {
-            let dst = st.dst.reborrow();
-            self.store_kv(k, v, st.src_row0, dst, st.n, st.p0, st.seq, step)?;
+        for st in stores {
+            let st = st?;
+            self.store_kv(k, v, st.src_row0, st.dst, st.n, st.p0, st.seq, step)?;
         }
         Ok(())
     }
@@ -529,19 +533,6 @@ pub struct KvDst<'a, B: ?Sized + Backend> {
     pub row_len: usize,
     /// A sliding-window ring (`pos % rows`) rather than `pos` rows.
     pub ring: bool,
-}
-
-impl<B: ?Sized + Backend> KvDst<'_, B> {
-    /// The same destination, borrowed for a shorter time.
-    pub fn reborrow(&mut self) -> KvDst<'_, B> {
-        KvDst {
-            k: &mut *self.k,
-            v: &mut *self.v,
-            rows: self.rows,
-            row_len: self.row_len,
-            ring: self.ring,
-        }
-    }
 }
 
 /// One part of a fused projection for [`Backend::split_heads`].

@@ -918,10 +918,9 @@ impl<B: Backend> Model<B> {
         };
         // Attention of every sequence (padding ones too), each over its
         // own cache, in one call.
-        let (mut pasts, mut params) = (Vec::new(), Vec::new());
+        s.params.clear();
         for (i, sp) in s.input.seqs.iter().enumerate() {
-            pasts.push(seqs.get(i).and_then(|q| q.cache.past(src)));
-            params.push(AttnParams {
+            s.params.push(AttnParams {
                 n_tok: sp.n_rows,
                 p0: sp.p0,
                 row0: sp.row0,
@@ -934,17 +933,18 @@ impl<B: Backend> Model<B> {
                 window: l.window,
             });
         }
+        let mut pasts =
+            (0..s.input.seqs.len()).map(|i| seqs.get(i).and_then(|q| q.cache.past(src)));
         b.attention_batch(
             src,
             &s.q_up,
             ck,
             cv,
-            &pasts,
-            &params,
+            &mut pasts,
+            &s.params,
             &s.step,
             &mut s.attn_gate,
         )?;
-        drop(pasts);
         if l.owns_kv() && !deferred {
             store_batch(b, il, seqs, &s.layer_k, &s.layer_v, &s.input, &s.step)?;
         }
@@ -1219,16 +1219,19 @@ fn store_batch<B: Backend>(
     input: &StepInput,
     step: &B::Step,
 ) -> Result<()> {
-    let mut stores = Vec::with_capacity(seqs.len());
-    for (i, (q, sp)) in seqs.iter_mut().zip(&input.seqs).enumerate() {
-        stores.push(KvStore {
-            dst: q.cache.store_dst(layer, sp.n_rows)?,
-            src_row0: sp.row0,
-            n: sp.n_rows,
-            p0: sp.p0,
-            seq: i,
+    let mut stores = seqs
+        .iter_mut()
+        .zip(&input.seqs)
+        .enumerate()
+        .map(|(i, (q, sp))| {
+            Ok(KvStore {
+                dst: q.cache.store_dst(layer, sp.n_rows)?,
+                src_row0: sp.row0,
+                n: sp.n_rows,
+                p0: sp.p0,
+                seq: i,
+            })
         });
-    }
     b.store_kv_batch(layer, k, v, &mut stores, step)
 }
 
@@ -1287,6 +1290,8 @@ pub struct Scratch<B: Backend> {
     ids_host: Vec<u32>,
     /// The step's output rows per sequence, and each sequence's result.
     plan: Vec<OutRows>,
+    /// A layer's attention shapes per sequence.
+    params: Vec<AttnParams>,
     results: Vec<Result<Option<u32>>>,
     /// The step's inputs, host side and the backend's copy.
     input: StepInput,
@@ -1371,6 +1376,7 @@ impl<B: Backend> Scratch<B> {
             logits_host: Vec::new(),
             ids_host: Vec::new(),
             plan: Vec::new(),
+            params: Vec::new(),
             results: Vec::new(),
             input: StepInput::default(),
             step: b.new_step(n)?,
