@@ -15,12 +15,12 @@
 // (coalesced loads), one reduce-scatter (9 shuffles per row) leaves the
 // 8 scores spread over the lanes, then max, exp and the V rows' update.
 //
-// A batched decode call (kv != null) runs every sequence of a step, one
-// query row each (row i is sequence i), with grid z = sequence x row
-// group: a sequence's cache addresses and rows come from its KvEntry in
-// the step's table, its partials and counters from its own slice of the
-// workspace. A zero entry (a padding row's sequence, at p0 = 0) has no
-// past.
+// A batched decode call (kv != null) runs every one-row sequence of a
+// step (its row at seq_row0[seq]; sequences of more rows, prefill chunks,
+// are left to the prefill kernel), with grid z = sequence x row group: a
+// sequence's cache addresses and rows come from its KvEntry in the step's
+// table, its partials and counters from its own slice of the workspace.
+// A zero entry (a padding row's sequence, at p0 = 0) has no past.
 //
 // Decode (one query token): split-K. Every warp takes `chunk` keys of the
 // visible range and writes a partial (max, sum, unnormalised output); the
@@ -50,6 +50,8 @@ struct AttnArgs {
     const u32* seq_p0;
     u32* done; // decode: finished blocks per (KV head, row group); 0 between calls
     const KvEntry* kv; // batched decode: the layer's table, an entry per sequence; else null
+    const u32* seq_end;  // batched decode: each sequence's p0 + rows
+    const u32* seq_row0; // batched decode: each sequence's first row
     u32 seq;
     u32 n_tok;
     u32 n_head;
@@ -283,16 +285,20 @@ __device__ void attn_decode(const AttnArgs& args) {
     const u32 rg = blockIdx.z % args.row_groups, sq = blockIdx.z / args.row_groups;
     AttnArgs a = args;
     if (a.kv != nullptr) {
+        // Whole blocks leave together (before any barrier); a sequence
+        // whose blocks all leave never touches its counters.
+        if (a.seq_end[sq] - a.seq_p0[sq] != 1) return;
+        const u32 row = a.seq_row0[sq];
         const KvEntry e = a.kv[sq];
         const u32 qd = a.n_head * hd;
         a.past_k = e.k;
         a.past_v = e.v;
         a.past_rows = e.k == nullptr ? 0 : e.rows;
         a.seq = sq;
-        a.q += (u64)sq * qd;
-        a.out += (u64)sq * qd;
-        a.cur_k += (u64)sq * kvd;
-        a.cur_v += (u64)sq * kvd;
+        a.q += (u64)row * qd;
+        a.out += (u64)row * qd;
+        a.cur_k += (u64)row * kvd;
+        a.cur_v += (u64)row * kvd;
         a.part_acc += (u64)sq * a.n_head * n_splits * hd;
         a.part_ml += (u64)sq * a.n_head * n_splits * 2;
         a.done += (u64)sq * gridDim.y * a.row_groups;

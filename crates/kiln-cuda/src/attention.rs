@@ -52,6 +52,8 @@ struct AttnArgs {
     seq_p0: u64,
     done: u64,
     kv: u64,
+    seq_end: u64,
+    seq_row0: u64,
     seq: u32,
     n_tok: u32,
     n_head: u32,
@@ -219,14 +221,17 @@ impl Attention {
         }
     }
 
-    /// One query row per sequence, every sequence of the step in one
-    /// launch: row `i` is sequence `i` (`params[i]`, the same layer
-    /// shapes), whose cache the step's KV table at `kv` names.
+    /// The one-row sequences of a step (`params[i]` of sequence `i`, the
+    /// same layer shapes), all in one launch, each over the cache the
+    /// step's KV table at `table.0` names; `table.1`/`table.2`: the
+    /// step's sequence ends and first rows. The launch covers every
+    /// sequence (its shape depends only on their count); the others'
+    /// blocks leave at once.
     pub(crate) fn run_batch(
         &self,
         gpu: &Gpu,
         b: AttnBufs<'_>,
-        kv: u64,
+        table: (u64, u64, u64),
         params: &[AttnParams],
     ) -> Result<()> {
         let Some(p) = params.first() else {
@@ -235,14 +240,19 @@ impl Attention {
         let e = kernel_elems(p)?;
         let seqs = params.len();
         let (qd, kvd) = (p.n_head * p.head_dim, p.n_kv_head * p.head_dim);
-        check("attention q", seqs * qd, b.q.len())?;
-        check("attention k", seqs * kvd, b.cur_k.len())?;
-        check("attention v", seqs * kvd, b.cur_v.len())?;
-        check("attention out", seqs * qd, b.out.len())?;
-        let kv_end = params.iter().map(|p| p.p0 + 1).max().unwrap_or(1);
+        let rows = params.iter().map(|p| p.row0 + p.n_tok).max().unwrap_or(0);
+        check("attention q", rows * qd, b.q.len())?;
+        check("attention k", rows * kvd, b.cur_k.len())?;
+        check("attention v", rows * kvd, b.cur_v.len())?;
+        check("attention out", rows * qd, b.out.len())?;
+        let decode = params.iter().filter(|p| p.n_tok == 1);
+        let kv_end = decode.map(|p| p.p0 + 1).max().unwrap_or(1);
         let a = AttnArgs {
-            kv,
+            kv: table.0,
+            seq_end: table.1,
+            seq_row0: table.2,
             seq: 0,
+            n_tok: 1,
             ..args(gpu, &b, p, 0)?
         };
         self.decode(gpu, a, p, e, kv_end, seqs)

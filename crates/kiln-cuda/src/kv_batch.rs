@@ -10,9 +10,10 @@ use crate::attention::AttnBufs;
 use crate::step::KvEntry;
 use crate::{CudaBackend, CudaBuf, CudaStep};
 
-/// `Backend::attention_batch`: a decode step (one row per sequence, row
-/// `i` of sequence `i`, every sequence of the step) in one launch; any
-/// other mix (prefill chunks) per sequence, uncaptured.
+/// `Backend::attention_batch`: every one-row sequence of the step in one
+/// launch, each longer one (a prefill chunk) on its own; calls that do
+/// not follow the step's layout (`params[i]` for sequence `i`, its rows)
+/// per sequence.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attention<'c>(
     c: &CudaBackend,
@@ -25,21 +26,27 @@ pub(crate) fn attention<'c>(
     step: &CudaStep,
     out: &mut CudaBuf,
 ) -> Result<()> {
-    let decode = params.len() == step.host.seqs.len()
+    let laid_out = params.len() == step.host.seqs.len()
         && params
             .iter()
+            .zip(&step.host.seqs)
             .enumerate()
-            .all(|(i, p)| p.n_tok == 1 && p.row0 == i && p.seq == i);
-    if !decode {
+            .all(|(i, (p, sp))| p.seq == i && (p.row0, p.n_tok) == (sp.row0, sp.n_rows));
+    if !laid_out {
         for (past, p) in pasts.zip(params) {
             c.attention(q, cur_k, cur_v, past, p, step, out)?;
         }
         return Ok(());
     }
     let first = &params[0];
-    let mut n = 0;
+    let (mut n, mut decode) = (0, 0);
     for (i, (past, p)) in pasts.zip(params).enumerate() {
         n += 1;
+        if p.n_tok != 1 {
+            c.attention(q, cur_k, cur_v, past, p, step, out)?;
+            continue;
+        }
+        decode += 1;
         CudaBackend::seq_of(step, i, p.p0)?;
         if (p.n_head, p.n_kv_head, p.head_dim) != (first.n_head, first.n_kv_head, first.head_dim) {
             return Err(ModelError::Backend(format!(
@@ -85,6 +92,9 @@ pub(crate) fn attention<'c>(
             params.len()
         )));
     }
+    if decode == 0 {
+        return Ok(());
+    }
     let bufs = AttnBufs {
         q: &q.data,
         cur_k: &cur_k.data,
@@ -93,8 +103,13 @@ pub(crate) fn attention<'c>(
         out: &mut out.data,
         seq_p0: step.seq_p0_ptr(&c.gpu),
     };
-    let kv = step.kv_table_ptr(&c.gpu, layer)?;
-    c.attention.run_batch(&c.gpu, bufs, kv, params)
+    let g = &c.gpu;
+    let table = (
+        step.kv_table_ptr(g, layer)?,
+        step.seq_end_ptr(g),
+        step.seq_row0_ptr(g),
+    );
+    c.attention.run_batch(g, bufs, table, params)
 }
 
 /// `Backend::store_kv_batch`: every row of the step into its sequence's

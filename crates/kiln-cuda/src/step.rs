@@ -22,7 +22,8 @@ pub(crate) struct KvEntry {
 
 /// See the module doc. For a step of `rows` rows, `inputs` holds
 /// `[tokens; rows] [positions; rows] [p0; rows] [row's sequence; rows]
-/// [sequence's p0 + n_rows; rows]`, then (from an even word) the KV
+/// [sequence's p0 + n_rows; rows] [sequence's first row; rows]`, then
+/// (from an even word) the KV
 /// table, `[layer][sequence; rows]` entries of [`ENTRY_WORDS`] (zero: no
 /// cache). Every region's address depends only on the row count (one
 /// graph key), so a captured graph replays with the next step's values,
@@ -44,7 +45,7 @@ pub struct CudaStep {
 
 /// Word offset of the KV table in a step of `rows` rows.
 fn table_offset(rows: usize) -> usize {
-    (5 * rows).next_multiple_of(2)
+    (6 * rows).next_multiple_of(2)
 }
 
 impl CudaStep {
@@ -130,6 +131,9 @@ impl CudaStep {
         for s in &input.seqs {
             st.push(word("position", s.p0 + s.n_rows)?);
         }
+        st.resize(5 * rows, 0);
+        // Rows fit in u32: `rows <= max_rows`, a device buffer's count.
+        st.extend(input.seqs.iter().map(|s| s.row0 as u32));
         self.layers = bound.iter().map(|&(l, ..)| l + 1).max().unwrap_or(0);
         let table = table_offset(rows);
         st.resize(table + self.layers * rows * ENTRY_WORDS, 0);
@@ -179,6 +183,11 @@ impl CudaStep {
     /// Address of each sequence's end (`p0 + n_rows`).
     pub(crate) fn seq_end_ptr(&self, gpu: &Gpu) -> u64 {
         gpu.ptr(&self.inputs, 4 * self.host.rows())
+    }
+
+    /// Address of each sequence's first row.
+    pub(crate) fn seq_row0_ptr(&self, gpu: &Gpu) -> u64 {
+        gpu.ptr(&self.inputs, 5 * self.host.rows())
     }
 
     /// Address of `layer`'s KV table (an entry per sequence), or an error
