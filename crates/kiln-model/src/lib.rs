@@ -10,6 +10,7 @@ mod config;
 mod error;
 mod kv;
 mod model;
+mod scratch;
 
 pub use backend::{
     AttnParams, Backend, GraphKey, HeadsPart, KvBinding, KvDst, KvStore, PastKv, SeqSpan, StepInput,
