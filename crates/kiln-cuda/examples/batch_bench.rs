@@ -10,9 +10,10 @@
 //! Each sequence first takes a `-p`-token prompt (its own tokens, one
 //! prefill each), then all decode `-n` steps together; tok/s = S x n /
 //! the steps' wall time (each step ends with its ids on the host), the
-//! median of `-r` runs after a warm-up. Also printed: milliseconds per
-//! step and the graph launches per step (0 while batched steps are not
-//! replayed).
+//! median of `-r` runs after a warm-up. Also printed, per step (last
+//! run): microseconds, kernels launched outside graphs, graph launches,
+//! and host microseconds (wall time minus the time spent waiting in the
+//! ids' download for the device).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -57,7 +58,7 @@ fn main() {
     let mut s = m.new_scratch(prompt.max(max_batch).max(1)).unwrap();
     for &n_seq in &batches {
         let mut runs = Vec::new();
-        let (mut graphs, mut per_step_ms) = (0, Vec::new());
+        let (mut last, mut per_step_ms) = ([0.0; 3], Vec::new());
         for rep in 0..=reps {
             let mut caches: Vec<_> = (0..n_seq).map(|_| m.new_cache().unwrap()).collect();
             let mut ids = Vec::with_capacity(n_seq);
@@ -94,16 +95,27 @@ fn main() {
             if rep > 0 {
                 runs.push((n_seq * steps) as f64 / secs);
                 per_step_ms.push(secs * 1e3 / steps as f64);
-                graphs = b.stats().graph_launches - before.graph_launches;
+                let after = b.stats();
+                let per = |x: u64| x as f64 / steps as f64;
+                let wait_us = per(after.download_ns - before.download_ns) / 1e3;
+                last = [
+                    per(after.kernel_launches - before.kernel_launches),
+                    per(after.graph_launches - before.graph_launches),
+                    secs * 1e6 / steps as f64 - wait_us,
+                ];
             }
         }
         runs.sort_by(f64::total_cmp);
         per_step_ms.sort_by(f64::total_cmp);
         println!(
             "{{\"model\":\"{path}\",\"gpu\":\"{gpu}\",\"batch\":{n_seq},\"prompt\":{prompt},\
-             \"steps\":{steps},\"tok_s\":{:.1},\"ms_per_step\":{:.3},\"graph_launches_last_run\":{graphs}}}",
+             \"steps\":{steps},\"tok_s\":{:.1},\"us_per_step\":{:.1},\"kernels_per_step\":{:.1},\
+             \"graphs_per_step\":{:.2},\"host_us_per_step\":{:.1}}}",
             runs[runs.len() / 2],
-            per_step_ms[per_step_ms.len() / 2]
+            per_step_ms[per_step_ms.len() / 2] * 1e3,
+            last[0],
+            last[1],
+            last[2]
         );
     }
 }

@@ -15,6 +15,13 @@
 // (coalesced loads), one reduce-scatter (9 shuffles per row) leaves the
 // 8 scores spread over the lanes, then max, exp and the V rows' update.
 //
+// A batched decode call (kv != null) runs every one-row sequence of a
+// step (its row at seq_row0[seq]; sequences of more rows, prefill chunks,
+// are left to the prefill kernel), with grid z = sequence x row group: a
+// sequence's cache addresses and rows come from its KvEntry in the step's
+// table, its partials and counters from its own slice of the workspace.
+// A zero entry (a padding row's sequence, at p0 = 0) has no past.
+//
 // Decode (one query token): split-K. Every warp takes `chunk` keys of the
 // visible range and writes a partial (max, sum, unnormalised output); the
 // last block of each (KV head, row group) to finish combines them (one
@@ -23,6 +30,14 @@
 
 #define TILE 8
 
+// One sequence's cache of one layer, in the step's KV table (step.rs).
+struct KvEntry {
+    float* k;
+    float* v;
+    u32 rows;
+    u32 pad_;
+};
+
 struct AttnArgs {
     const float* q;
     const float* cur_k;
@@ -30,10 +45,13 @@ struct AttnArgs {
     const float* past_k; // null when past_rows == 0
     const float* past_v;
     float* out;      // prefill output
-    float* part_acc; // decode partials [n_head][n_splits][HD]
-    float* part_ml;  // decode partials [n_head][n_splits][2]: max, sum
+    float* part_acc; // decode partials [seq][n_head][n_splits][HD]
+    float* part_ml;  // decode partials [seq][n_head][n_splits][2]: max, sum
     const u32* seq_p0;
     u32* done; // decode: finished blocks per (KV head, row group); 0 between calls
+    const KvEntry* kv; // batched decode: the layer's table, an entry per sequence; else null
+    const u32* seq_end;  // batched decode: each sequence's p0 + rows
+    const u32* seq_row0; // batched decode: each sequence's first row
     u32 seq;
     u32 n_tok;
     u32 n_head;
@@ -43,7 +61,7 @@ struct AttnArgs {
     u32 chunk;     // decode: keys per split
     float scale;
     float softcap; // 0: none
-    u32 pad_;
+    u32 row_groups; // decode: grid z = sequences x row_groups
 };
 
 // As load_slice, through L2 only: what other blocks of the same kernel wrote
@@ -258,18 +276,39 @@ __device__ void merge_head(const AttnArgs& a, u32 h, u32 n_splits) {
 // one split of `chunk` keys, writing its partials; the block that finishes
 // last in its (KV head, row group) merges them, a warp per head.
 template <int E, int R>
-__device__ void attn_decode(const AttnArgs& a) {
+__device__ void attn_decode(const AttnArgs& args) {
     const u32 lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
     const u32 n_splits = gridDim.x * (blockDim.x / WARP);
     const u32 split = blockIdx.x * (blockDim.x / WARP) + warp;
-    const u32 kvh = blockIdx.y, g = a.n_head / a.n_kv_head;
-    const u32 hd = E * WARP, kvd = a.n_kv_head * hd;
+    const u32 kvh = blockIdx.y, g = args.n_head / args.n_kv_head;
+    const u32 hd = E * WARP, kvd = args.n_kv_head * hd;
+    const u32 rg = blockIdx.z % args.row_groups, sq = blockIdx.z / args.row_groups;
+    AttnArgs a = args;
+    if (a.kv != nullptr) {
+        // Whole blocks leave together (before any barrier); a sequence
+        // whose blocks all leave never touches its counters.
+        if (a.seq_end[sq] - a.seq_p0[sq] != 1) return;
+        const u32 row = a.seq_row0[sq];
+        const KvEntry e = a.kv[sq];
+        const u32 qd = a.n_head * hd;
+        a.past_k = e.k;
+        a.past_v = e.v;
+        a.past_rows = e.k == nullptr ? 0 : e.rows;
+        a.seq = sq;
+        a.q += (u64)row * qd;
+        a.out += (u64)row * qd;
+        a.cur_k += (u64)row * kvd;
+        a.cur_v += (u64)row * kvd;
+        a.part_acc += (u64)sq * a.n_head * n_splits * hd;
+        a.part_ml += (u64)sq * a.n_head * n_splits * 2;
+        a.done += (u64)sq * gridDim.y * a.row_groups;
+    }
     Rows<E, R> s;
     init_rows(s);
     // The queries' loads go out before p0's, which the rest waits for.
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-        const u32 hg = blockIdx.z * R + r;
+        const u32 hg = rg * R + r;
         if (hg < g) load_slice<E>(a.q + (kvh * g + hg) * hd + lane * E, s.q[r]);
     }
     const u32 p0 = a.seq_p0[a.seq], pos = p0;
@@ -278,7 +317,7 @@ __device__ void attn_decode(const AttnArgs& a) {
     const u32 k_end = min(k_begin + a.chunk, pos + 1);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-        if (blockIdx.z * R + r < g) {
+        if (rg * R + r < g) {
             s.lo[r] = lo;
             s.hi[r] = pos;
         }
@@ -288,7 +327,7 @@ __device__ void attn_decode(const AttnArgs& a) {
     }
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-        const u32 hg = blockIdx.z * R + r;
+        const u32 hg = rg * R + r;
         if (hg >= g) continue;
         const u64 at = (u64)(kvh * g + hg) * n_splits + split;
         float* acc = a.part_acc + at * hd + lane * E;
@@ -304,7 +343,7 @@ __device__ void attn_decode(const AttnArgs& a) {
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
-        u32* done = a.done + blockIdx.y * gridDim.z + blockIdx.z;
+        u32* done = a.done + blockIdx.y * a.row_groups + rg;
         last = atomicAdd(done, 1u) == gridDim.x - 1;
         if (last) *done = 0; // every block has counted: ready for the next call
     }
@@ -312,7 +351,7 @@ __device__ void attn_decode(const AttnArgs& a) {
     if (!last) return;
     __threadfence();
     for (u32 r = warp; r < R; r += blockDim.x / WARP) {
-        const u32 hg = blockIdx.z * R + r;
+        const u32 hg = rg * R + r;
         if (hg < g) merge_head<E>(a, kvh * g + hg, n_splits);
     }
 }
@@ -369,3 +408,27 @@ DECODE(1, 8)
 DECODE(2, 8)
 DECODE(4, 8)
 DECODE(8, 8)
+
+// Stores every step row's K/V in its sequence's cache of one layer: row t
+// (of sequence row_seq[t], at positions[t]) into the cache its KvEntry
+// names, row pos % rows of a ring (a ring keeps only the rows no later row
+// of the same sequence overwrites: pos + rows >= the sequence's end), row
+// pos otherwise. Rows of a sequence without an entry (padding) go nowhere.
+extern "C" __global__ void store_kv_batch(const float* k, const float* v, const KvEntry* kv,
+                                          const u32* row_seq, const u32* positions,
+                                          const u32* seq_end, u32 n, u32 row_len, u32 ring) {
+    KERNEL_PROLOGUE();
+    GRID_STRIDE(i, (u64)n * row_len) {
+        const u32 t = (u32)(i / row_len), c = (u32)(i % row_len);
+        const u32 sq = row_seq[t];
+        const KvEntry e = kv[sq];
+        if (e.k == nullptr || e.rows == 0) continue;
+        const u64 pos = positions[t];
+        if (ring && pos + e.rows < seq_end[sq]) continue;
+        const u64 slot = ring ? pos % e.rows : pos;
+        if (slot >= e.rows) continue; // checked on the host for this step
+        const u64 d = slot * row_len + c;
+        e.k[d] = k[i];
+        e.v[d] = v[i];
+    }
+}

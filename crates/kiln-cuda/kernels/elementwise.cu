@@ -125,25 +125,3 @@ extern "C" __global__ void rope_neox(float* x, const u32* positions, const doubl
         v[i + half] = a * sf + b * cf;
     }
 }
-
-// --- KV-cache store ---------------------------------------------------------
-// Rows src_row0..src_row0+n of k/v ([*, row_len]) are the sequence's
-// positions p0..p0+n, p0 = seq_p0[seq] (read on the device). Position pos
-// goes to row pos % rows of a ring (only the last `rows` of the batch are
-// kept), row pos otherwise.
-extern "C" __global__ void store_kv(const float* k, const float* v, u32 src_row0, float* dst_k,
-                                    float* dst_v, u32 rows, u32 row_len, u32 ring, u32 n,
-                                    const u32* seq_p0, u32 seq) {
-    KERNEL_PROLOGUE();
-    const u64 p0 = seq_p0[seq];
-    const u32 first = (ring && n > rows) ? n - rows : 0;
-    GRID_STRIDE(i, (u64)(n - first) * row_len) {
-        const u32 t = first + (u32)(i / row_len), c = (u32)(i % row_len);
-        const u64 pos = p0 + t;
-        const u64 slot = ring ? pos % rows : pos;
-        if (slot >= rows) continue; // checked on the host for this step
-        const u64 s = (u64)(src_row0 + t) * row_len + c, d = slot * row_len + c;
-        dst_k[d] = k[s];
-        dst_v[d] = v[s];
-    }
-}

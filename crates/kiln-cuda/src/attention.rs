@@ -2,15 +2,18 @@
 //! sliding-window masks (Gemma 2 softcap included) and split-K decode whose
 //! last block merges the partials. Launch shapes depend only on the step's KV bucket, never on
 //! `p0` itself, which the kernels read from the step: a graph captured for
-//! a bucket replays at every position inside it.
+//! a bucket replays at every position inside it. A step's decode rows run
+//! in one launch, and its K/V rows are stored in one, each sequence's
+//! cache found in the step's KV table (step.rs), so the graph holds no
+//! cache address.
 
 use std::sync::Mutex;
 
-use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig};
+use cudarc::driver::{CudaFunction, CudaSlice, DeviceRepr, LaunchConfig};
 use kiln_model::{AttnParams, ModelError, Result};
 
 use crate::gpu::{Gpu, Source};
-use crate::ops::{check, launch, to_u32};
+use crate::ops::{check, launch, pointwise, to_u32};
 
 pub(crate) const ATTENTION: Source = Source {
     name: "attention",
@@ -48,6 +51,9 @@ struct AttnArgs {
     part_ml: u64,
     seq_p0: u64,
     done: u64,
+    kv: u64,
+    seq_end: u64,
+    seq_row0: u64,
     seq: u32,
     n_tok: u32,
     n_head: u32,
@@ -57,7 +63,7 @@ struct AttnArgs {
     chunk: u32,
     scale: f32,
     softcap: f32,
-    pad: u32,
+    row_groups: u32,
 }
 
 // SAFETY: plain `repr(C)` integers and floats, laid out as the CUDA struct.
@@ -83,6 +89,7 @@ pub(crate) struct Attention {
     /// between calls (the merging block resets its own; grown outside
     /// capture only).
     done: Mutex<Option<CudaSlice<u32>>>,
+    store: CudaFunction,
 }
 
 /// `E` (floats per lane) of a head dim the kernels take.
@@ -95,6 +102,38 @@ fn lane_elems(head_dim: usize) -> Result<usize> {
     }
 }
 
+/// The kernel arguments of `p` with its rows from `row0` of the buffers
+/// (no past, no workspace yet).
+fn args(gpu: &Gpu, b: &AttnBufs<'_>, p: &AttnParams, row0: usize) -> Result<AttnArgs> {
+    let (qd, kvd) = (p.n_head * p.head_dim, p.n_kv_head * p.head_dim);
+    Ok(AttnArgs {
+        q: gpu.ptr(b.q, row0 * qd),
+        cur_k: gpu.ptr(b.cur_k, row0 * kvd),
+        cur_v: gpu.ptr(b.cur_v, row0 * kvd),
+        out: gpu.ptr(&*b.out, row0 * qd),
+        seq_p0: b.seq_p0,
+        seq: to_u32("attention sequence", p.seq)?,
+        n_tok: to_u32("attention rows", p.n_tok)?,
+        n_head: to_u32("attention heads", p.n_head)?,
+        n_kv_head: to_u32("attention KV heads", p.n_kv_head)?,
+        window: to_u32("attention window", p.window.unwrap_or(0))?,
+        scale: p.scale,
+        softcap: p.softcap.unwrap_or(0.0),
+        ..AttnArgs::default()
+    })
+}
+
+/// `E` of `p`'s head dim, once its heads group over its KV heads.
+fn kernel_elems(p: &AttnParams) -> Result<usize> {
+    if p.n_kv_head == 0 || !p.n_head.is_multiple_of(p.n_kv_head) {
+        return Err(ModelError::Backend(format!(
+            "attention: {} heads do not group over {} KV heads",
+            p.n_head, p.n_kv_head
+        )));
+    }
+    lane_elems(p.head_dim)
+}
+
 /// Decode geometry for a KV bucket: `(chunk, splits)` with `splits` a
 /// multiple of [`DECODE_WARPS`] and `chunk * splits` covering the widest
 /// visible range of any position in the bucket.
@@ -104,10 +143,13 @@ fn lane_elems(head_dim: usize) -> Result<usize> {
 /// with `span / splits` on one side and with `splits` on the other, so
 /// `splits ~ sqrt(2 span)` (4096 keys: 96 splits of 48) balances them,
 /// capped by the warps worth running at once.
-fn decode_splits(p: &AttnParams, row_groups: usize) -> (usize, usize) {
-    let bucket = (p.p0 + p.n_tok).next_power_of_two();
+///
+/// `kv_end`: the longest sequence's `p0 + n_tok`; `seqs`: sequences in the
+/// launch (each gets the same geometry, sharing the warps).
+fn decode_splits(p: &AttnParams, row_groups: usize, kv_end: usize, seqs: usize) -> (usize, usize) {
+    let bucket = kv_end.next_power_of_two();
     let span = p.window.map_or(bucket, |w| w.min(bucket)).max(1);
-    let cap = (DECODE_TARGET_WARPS / (p.n_kv_head * row_groups)).max(1);
+    let cap = (DECODE_TARGET_WARPS / (p.n_kv_head * row_groups * seqs)).max(1);
     let target = (2 * span).isqrt().clamp(1, cap);
     let chunk = span
         .div_ceil(target)
@@ -125,20 +167,15 @@ impl Attention {
         Ok(Attention {
             parts: Mutex::new(None),
             done: Mutex::new(None),
+            store: gpu.function(&ATTENTION, "store_kv_batch")?,
         })
     }
 
     /// Attention of the query rows `p.row0..p.row0 + p.n_tok` (see
     /// [`kiln_model::Backend::attention`]).
     pub(crate) fn run(&self, gpu: &Gpu, b: AttnBufs<'_>, p: &AttnParams) -> Result<()> {
-        let e = lane_elems(p.head_dim)?;
+        let e = kernel_elems(p)?;
         let hd = p.head_dim;
-        if p.n_kv_head == 0 || !p.n_head.is_multiple_of(p.n_kv_head) {
-            return Err(ModelError::Backend(format!(
-                "attention: {} heads do not group over {} KV heads",
-                p.n_head, p.n_kv_head
-            )));
-        }
         let (qd, kvd) = (p.n_head * hd, p.n_kv_head * hd);
         let end = p.row0 + p.n_tok;
         check("attention q", end * qd, b.q.len())?;
@@ -148,21 +185,7 @@ impl Attention {
         if p.n_tok == 0 {
             return Ok(());
         }
-        let mut a = AttnArgs {
-            q: gpu.ptr(b.q, p.row0 * qd),
-            cur_k: gpu.ptr(b.cur_k, p.row0 * kvd),
-            cur_v: gpu.ptr(b.cur_v, p.row0 * kvd),
-            out: gpu.ptr(b.out, p.row0 * qd),
-            seq_p0: b.seq_p0,
-            seq: to_u32("attention sequence", p.seq)?,
-            n_tok: to_u32("attention rows", p.n_tok)?,
-            n_head: to_u32("attention heads", p.n_head)?,
-            n_kv_head: to_u32("attention KV heads", p.n_kv_head)?,
-            window: to_u32("attention window", p.window.unwrap_or(0))?,
-            scale: p.scale,
-            softcap: p.softcap.unwrap_or(0.0),
-            ..AttnArgs::default()
-        };
+        let mut a = args(gpu, &b, p, p.row0)?;
         if let Some((k, v, rows)) = b.past {
             if rows == 0 || k.len() < rows * kvd || v.len() < rows * kvd {
                 return Err(ModelError::Backend(format!(
@@ -179,7 +202,7 @@ impl Attention {
             )));
         }
         if p.n_tok == 1 {
-            self.decode(gpu, a, p, e)
+            self.decode(gpu, a, p, e, p.p0 + 1, 1)
         } else {
             let rows = p.n_tok * (p.n_head / p.n_kv_head);
             let per_block = PREFILL_WARPS as usize * PREFILL_ROWS;
@@ -192,22 +215,96 @@ impl Attention {
                 block_dim: (PREFILL_WARPS * 32, 1, 1),
                 shared_mem_bytes: 0,
             };
+            a.row_groups = 1;
             let f = gpu.function(&ATTENTION, &format!("attn_prefill_e{e}_r{PREFILL_ROWS}"))?;
             launch!(gpu, &f, cfg, "attention (prefill)"; a)
         }
     }
 
-    /// One query token: split-K partials, merged by each group's last block.
-    fn decode(&self, gpu: &Gpu, mut a: AttnArgs, p: &AttnParams, e: usize) -> Result<()> {
+    /// The one-row sequences of a step (`params[i]` of sequence `i`, the
+    /// same layer shapes), all in one launch, each over the cache the
+    /// step's KV table at `table.0` names; `table.1`/`table.2`: the
+    /// step's sequence ends and first rows. The launch covers every
+    /// sequence (its shape depends only on their count); the others'
+    /// blocks leave at once.
+    pub(crate) fn run_batch(
+        &self,
+        gpu: &Gpu,
+        b: AttnBufs<'_>,
+        table: (u64, u64, u64),
+        params: &[AttnParams],
+    ) -> Result<()> {
+        let Some(p) = params.first() else {
+            return Ok(());
+        };
+        let e = kernel_elems(p)?;
+        let seqs = params.len();
+        let (qd, kvd) = (p.n_head * p.head_dim, p.n_kv_head * p.head_dim);
+        let rows = params.iter().map(|p| p.row0 + p.n_tok).max().unwrap_or(0);
+        check("attention q", rows * qd, b.q.len())?;
+        check("attention k", rows * kvd, b.cur_k.len())?;
+        check("attention v", rows * kvd, b.cur_v.len())?;
+        check("attention out", rows * qd, b.out.len())?;
+        let decode = params.iter().filter(|p| p.n_tok == 1);
+        let kv_end = decode.map(|p| p.p0 + 1).max().unwrap_or(1);
+        let a = AttnArgs {
+            kv: table.0,
+            seq_end: table.1,
+            seq_row0: table.2,
+            seq: 0,
+            n_tok: 1,
+            ..args(gpu, &b, p, 0)?
+        };
+        self.decode(gpu, a, p, e, kv_end, seqs)
+    }
+
+    /// Stores every row of a step's `k`/`v` (`n` rows of `row_len`) in its
+    /// sequence's cache, as the step's KV table at `kv` names it (see
+    /// `store_kv_batch` in attention.cu).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn store_batch(
+        &self,
+        gpu: &Gpu,
+        k: &CudaSlice<f32>,
+        v: &CudaSlice<f32>,
+        kv: u64,
+        step: (u64, u64, u64),
+        n: usize,
+        row_len: usize,
+        ring: bool,
+    ) -> Result<()> {
+        check("store_kv k", n * row_len, k.len())?;
+        check("store_kv v", n * row_len, v.len())?;
+        if n == 0 || row_len == 0 {
+            return Ok(());
+        }
+        let (row_seq, positions, seq_end) = step;
+        launch!(gpu, &self.store, pointwise(n * row_len), "store_kv_batch";
+            gpu.ptr(k, 0), gpu.ptr(v, 0), kv, row_seq, positions, seq_end,
+            to_u32("store_kv rows", n)?, to_u32("store_kv row length", row_len)?, u32::from(ring))
+    }
+
+    /// One query token of each of `seqs` sequences (one unless `a.kv`
+    /// names a step's KV table): split-K partials, merged by each group's
+    /// last block.
+    fn decode(
+        &self,
+        gpu: &Gpu,
+        mut a: AttnArgs,
+        p: &AttnParams,
+        e: usize,
+        kv_end: usize,
+        seqs: usize,
+    ) -> Result<()> {
         let g = p.n_head / p.n_kv_head;
         // Rows per warp: the group's heads, at most 8 (4 at E = 16, for
         // registers), the rest over grid z.
         let r_max = if e == 16 { 4 } else { 8 };
         let r = g.next_power_of_two().min(r_max);
         let row_groups = g.div_ceil(r);
-        let (chunk, splits) = decode_splits(p, row_groups);
+        let (chunk, splits) = decode_splits(p, row_groups, kv_end, seqs);
         let hd = p.head_dim;
-        let need = p.n_head * splits * (hd + 2);
+        let need = seqs * p.n_head * splits * (hd + 2);
         let mut parts = self.parts.lock().unwrap_or_else(|e| e.into_inner());
         if parts.as_ref().is_none_or(|w| w.len() < need) {
             let grown = need.max(parts.as_ref().map_or(0, |w| 2 * w.len()));
@@ -216,9 +313,10 @@ impl Attention {
         }
         let w = parts.as_ref().expect("workspace allocated above");
         a.part_acc = gpu.ptr(w, 0);
-        a.part_ml = gpu.ptr(w, p.n_head * splits * hd);
+        a.part_ml = gpu.ptr(w, seqs * p.n_head * splits * hd);
         a.chunk = to_u32("attention chunk", chunk)?;
-        let groups = p.n_kv_head * row_groups;
+        a.row_groups = to_u32("attention row groups", row_groups)?;
+        let groups = seqs * p.n_kv_head * row_groups;
         let mut done = self.done.lock().unwrap_or_else(|e| e.into_inner());
         if done.as_ref().is_none_or(|d| d.len() < groups) {
             *done = Some(gpu.alloc::<u32>(groups.max(256), "attention counters")?);
@@ -229,7 +327,7 @@ impl Attention {
             grid_dim: (
                 to_u32("attention splits", splits / DECODE_WARPS as usize)?,
                 a.n_kv_head,
-                to_u32("attention row groups", row_groups)?,
+                to_u32("attention row groups", seqs * row_groups)?,
             ),
             block_dim: (DECODE_WARPS * 32, 1, 1),
             shared_mem_bytes: 0,

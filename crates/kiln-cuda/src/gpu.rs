@@ -110,6 +110,10 @@ pub(crate) struct Counters {
     pub graph_captures: AtomicU64,
     pub host_to_device: AtomicU64,
     pub device_to_host: AtomicU64,
+    /// Nanoseconds the host spent in device→host copies (mostly waiting
+    /// for the work before them): a step's wall time minus this is its
+    /// host time.
+    pub download_ns: AtomicU64,
 }
 
 impl Counters {
@@ -233,10 +237,15 @@ impl Gpu {
             return Ok(());
         }
         Counters::bump(&self.counters.device_to_host);
-        self.stream
+        let t = std::time::Instant::now();
+        let r = self
+            .stream
             .memcpy_dtoh(&src.slice(offset..offset + out.len()), out)
             .and_then(|()| self.stream.synchronize())
-            .map_err(|e| cuda_err(&format!("copying {what} to the host"), e))
+            .map_err(|e| cuda_err(&format!("copying {what} to the host"), e));
+        let ns = u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.counters.download_ns.fetch_add(ns, Ordering::Relaxed);
+        r
     }
 
     /// Enqueues kernel `f` with `cfg` and `params` (pointers to each

@@ -14,7 +14,8 @@
 //!
 //! Files: `gpu.rs` (context, stream, NVRTC and its cache), `weight.rs`
 //! (packed upload), `step.rs` (per-step device inputs), `graph.rs`
-//! (capture/replay), `ops.rs` + `kernels/elementwise.cu`, `fused.rs` +
+//! (capture/replay), `kv_batch.rs` (a step's attention and K/V stores
+//! over all its sequences), `ops.rs` + `kernels/elementwise.cu`, `fused.rs` +
 //! `kernels/fused.cu` (one kernel for several ops), `attention.rs` +
 //! `kernels/attention.cu`, `matmul.rs` + `kernels/{quant.cuh,matmul.cu}`.
 
@@ -22,6 +23,7 @@ mod attention;
 mod fused;
 mod gpu;
 mod graph;
+mod kv_batch;
 mod matmul;
 mod ops;
 mod step;
@@ -33,8 +35,8 @@ use std::sync::Arc;
 use cudarc::driver::CudaSlice;
 use kiln_gguf::Gguf;
 use kiln_model::{
-    AttnParams, Backend, GraphKey, HeadsPart, KvDst, ModelError, PastKv, Result, RopeConfig,
-    StepInput,
+    AttnParams, Backend, GraphKey, HeadsPart, KvBinding, KvStore, ModelError, PastKv, Result,
+    RopeConfig, StepInput,
 };
 
 use crate::attention::{Attention, AttnBufs};
@@ -44,6 +46,7 @@ use crate::graph::Graphs;
 use crate::matmul::Matmul;
 use crate::ops::{check, Ops};
 pub use crate::step::CudaStep;
+use crate::step::KvEntry;
 pub use crate::weight::CudaWeight;
 
 /// GPUs present: 0 without a driver (never panics).
@@ -93,6 +96,8 @@ pub struct CudaStats {
     pub device_to_host: u64,
     /// Captured graphs held now.
     pub graphs_held: usize,
+    /// Nanoseconds spent in device→host copies, waiting for the device.
+    pub download_ns: u64,
 }
 
 /// The CUDA backend on one GPU.
@@ -160,6 +165,7 @@ impl CudaBackend {
             host_to_device: get(&c.host_to_device),
             device_to_host: get(&c.device_to_host),
             graphs_held: self.graphs.captured(),
+            download_ns: get(&c.download_ns),
         }
     }
 
@@ -351,42 +357,51 @@ impl Backend for CudaBackend {
         self.attention.run(&self.gpu, bufs, p)
     }
 
-    fn store_kv(
+    fn bind_kv(
         &self,
+        step: &mut CudaStep,
+        seq: usize,
+        layer: usize,
+        kv: Option<KvBinding<'_, Self>>,
+    ) -> Result<()> {
+        if let Some(kv) = kv {
+            let entry = KvEntry {
+                k: self.gpu.ptr(&kv.k.data, 0),
+                v: self.gpu.ptr(&kv.v.data, 0),
+                rows: ops::to_u32("KV cache rows", kv.rows)?,
+            };
+            step.bind(seq, layer, entry);
+        }
+        Ok(())
+    }
+
+    fn replays_steps(&self) -> bool {
+        true
+    }
+
+    fn attention_batch<'c>(
+        &self,
+        layer: usize,
+        q: &CudaBuf,
+        cur_k: &CudaBuf,
+        cur_v: &CudaBuf,
+        pasts: &mut dyn Iterator<Item = Option<PastKv<'c, Self>>>,
+        params: &[AttnParams],
+        step: &CudaStep,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        kv_batch::attention(self, layer, q, cur_k, cur_v, pasts, params, step, out)
+    }
+
+    fn store_kv_batch<'c>(
+        &self,
+        layer: usize,
         k: &CudaBuf,
         v: &CudaBuf,
-        src_row0: usize,
-        dst: KvDst<'_, Self>,
-        n: usize,
-        p0: usize,
-        seq: usize,
+        stores: &mut dyn Iterator<Item = Result<KvStore<'c, Self>>>,
         step: &CudaStep,
     ) -> Result<()> {
-        Self::seq_of(step, seq, p0)?;
-        if !dst.ring && p0 + n > dst.rows {
-            return Err(ModelError::Backend(format!(
-                "store_kv: {} cache rows cannot take positions up to {}",
-                dst.rows,
-                p0 + n
-            )));
-        }
-        if dst.ring && dst.rows == 0 && n > 0 {
-            return Err(ModelError::Backend("store_kv: a ring of 0 rows".into()));
-        }
-        self.ops.store_kv(
-            &self.gpu,
-            &k.data,
-            &v.data,
-            src_row0,
-            &mut dst.k.data,
-            &mut dst.v.data,
-            dst.rows,
-            dst.row_len,
-            dst.ring,
-            n,
-            step.seq_p0_ptr(&self.gpu),
-            seq,
-        )
+        kv_batch::store(self, layer, k, v, stores, step)
     }
 
     fn concat_rows(&self, parts: &[&CudaWeight]) -> Result<Option<CudaWeight>> {

@@ -80,7 +80,6 @@ pub(crate) struct Ops {
     softcap: CudaFunction,
     copy_strided: CudaFunction,
     rope_neox: CudaFunction,
-    store_kv: CudaFunction,
     /// Per RoPE config, its f64 inverse frequencies on the device (a model
     /// has one or two configs).
     rope_tables: Mutex<Vec<(RopeConfig, CudaSlice<f64>)>>,
@@ -98,7 +97,6 @@ impl Ops {
             softcap: f("softcap_inplace")?,
             copy_strided: f("copy_strided")?,
             rope_neox: f("rope_neox")?,
-            store_kv: f("store_kv")?,
             rope_tables: Mutex::default(),
         })
     }
@@ -289,40 +287,6 @@ impl Ops {
         let p = gpu.ptr(&t, 0);
         tables.push((rope.clone(), t));
         Ok(p)
-    }
-
-    /// Stores rows `src_row0..src_row0 + n` of `k`/`v` at the sequence's
-    /// positions `seq_p0[seq]..` (device) in `dst_k`/`dst_v` (`rows` rows of
-    /// `row_len`; a ring keeps position `pos` in row `pos % rows`).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn store_kv(
-        &self,
-        gpu: &Gpu,
-        k: &CudaSlice<f32>,
-        v: &CudaSlice<f32>,
-        src_row0: usize,
-        dst_k: &mut CudaSlice<f32>,
-        dst_v: &mut CudaSlice<f32>,
-        rows: usize,
-        row_len: usize,
-        ring: bool,
-        n: usize,
-        seq_p0: u64,
-        seq: usize,
-    ) -> Result<()> {
-        check("store_kv k", (src_row0 + n) * row_len, k.len())?;
-        check("store_kv v", (src_row0 + n) * row_len, v.len())?;
-        check("store_kv cache k", rows * row_len, dst_k.len())?;
-        check("store_kv cache v", rows * row_len, dst_v.len())?;
-        let kept = if ring { n.min(rows) } else { n };
-        if kept == 0 || row_len == 0 {
-            return Ok(());
-        }
-        launch!(gpu, &self.store_kv, pointwise(kept * row_len), "store_kv";
-            gpu.ptr(k, 0), gpu.ptr(v, 0), to_u32("store_kv row", src_row0)?,
-            gpu.ptr(dst_k, 0), gpu.ptr(dst_v, 0), to_u32("store_kv rows", rows)?,
-            to_u32("store_kv row length", row_len)?, u32::from(ring), to_u32("store_kv n", n)?,
-            seq_p0, seq as u32)
     }
 }
 

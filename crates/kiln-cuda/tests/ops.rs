@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use kiln_model::{AttnParams, Backend, KvDst, PastKv, RopeConfig, StepInput};
+use kiln_model::{AttnParams, Backend, PastKv, RopeConfig, StepInput};
 
 /// add, scale, gelu_mul, softcap and copy_strided over the first `n` of
 /// `x` (`y` the second operand); the tail past `n` is NaN and must stay so.
@@ -160,61 +160,6 @@ fn rope_matches_cpu() {
                 2e-6,
             );
         }
-    }
-}
-
-/// Stores 2 + `n` rows of a two-sequence step's second sequence (rows
-/// 3.. of k/v) into a cache of `rows` rows, first filled with `init`.
-#[allow(clippy::too_many_arguments)]
-fn store<B: Backend>(
-    b: &B,
-    kv: &[f32],
-    init: &[f32],
-    row_len: usize,
-    rows: usize,
-    ring: bool,
-    n: usize,
-    p0: usize,
-) -> [Vec<f32>; 2] {
-    let input = two_seq_step(n, p0);
-    let mut step = b.new_step(input.rows()).unwrap();
-    b.load_step(&input, &mut step).unwrap();
-    let k = b.upload(kv).unwrap();
-    let v = b
-        .upload(&kv.iter().map(|x| -x).collect::<Vec<_>>())
-        .unwrap();
-    let (mut ck, mut cv) = (b.upload(init).unwrap(), b.upload(init).unwrap());
-    let dst = KvDst {
-        k: &mut ck,
-        v: &mut cv,
-        rows,
-        row_len,
-        ring,
-    };
-    b.store_kv(&k, &v, 3, dst, n, p0, 1, &step).unwrap();
-    [read(b, &ck), read(b, &cv)]
-}
-
-#[test]
-fn store_kv_matches_cpu() {
-    let Some(c) = backend() else { return };
-    let mut r = Rng(4);
-    let row_len = 96;
-    // (cache rows, ring, new rows, p0): a global cache; a ring written
-    // without wrapping, across its wrap, and by more rows than it has.
-    for (rows, ring, n, p0) in [
-        (64, false, 9, 20),
-        (16, true, 5, 3),
-        (16, true, 9, 30),
-        (16, true, 40, 7),
-    ] {
-        let kv = r.floats((3 + n) * row_len, 1.0);
-        let init = r.floats(rows * row_len, 1.0);
-        let got = store(&c, &kv, &init, row_len, rows, ring, n, p0);
-        let want = store(&cpu(), &kv, &init, row_len, rows, ring, n, p0);
-        let what = format!("store_kv rows {rows} ring {ring} n {n} p0 {p0}");
-        assert_eq!(got, want, "{what}");
-        println!("{what}: equal");
     }
 }
 

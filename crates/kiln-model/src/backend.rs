@@ -82,13 +82,14 @@ impl StepInput {
 /// replay a graph captured for it. Only the step's inputs may differ.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct GraphKey {
-    /// Rows of the step.
+    /// Rows of the step (a decode step's, padded to a power of two).
     pub rows: usize,
     /// KV length bucket (a power of two at least every sequence's
     /// `p0 + n_rows`); attention launch shapes are sized by it.
     pub kv_bucket: usize,
-    /// Identity of the buffers the step touches (scratch and caches);
-    /// changes whenever one is reallocated.
+    /// Identity of the buffers the step's launches name (the scratch);
+    /// changes whenever one is reallocated. Caches are not among them:
+    /// the ops find them through the step ([`Backend::bind_kv`]).
     pub buffers: u64,
 }
 
@@ -122,6 +123,33 @@ pub struct PastKv<'a, B: ?Sized + Backend> {
     pub v: &'a B::Buf,
     pub start: usize,
     pub rows: usize,
+}
+
+// Manual: a derive would ask `B: Clone`.
+impl<B: ?Sized + Backend> Clone for PastKv<'_, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<B: ?Sized + Backend> Copy for PastKv<'_, B> {}
+
+/// One sequence's cache of one layer, as a step binds it
+/// ([`Backend::bind_kv`]): its K and V buffers of `rows` rows.
+pub struct KvBinding<'a, B: ?Sized + Backend> {
+    pub k: &'a B::Buf,
+    pub v: &'a B::Buf,
+    pub rows: usize,
+}
+
+/// One sequence's part of a [`Backend::store_kv_batch`]: rows `src_row0..
+/// src_row0 + n` of the step's K/V, its positions `p0..p0 + n`, into `dst`.
+pub struct KvStore<'a, B: ?Sized + Backend> {
+    pub dst: KvDst<'a, B>,
+    pub src_row0: usize,
+    pub n: usize,
+    pub p0: usize,
+    /// Index of the sequence in the step.
+    pub seq: usize,
 }
 
 /// Device ops. Buffers hold row-major f32 `[rows, width]` data; every op
@@ -212,6 +240,80 @@ pub trait Backend: Send + Sync {
         step: &Self::Step,
         out: &mut Self::Buf,
     ) -> Result<()>;
+    /// Attention of every sequence of a step in one call: sequence `i`
+    /// with `params[i]` over the `i`-th of `pasts` (its cache of `layer`,
+    /// the layer whose K/V it reads; an iterator, so a step allocates
+    /// nothing). The default runs [`Backend::attention`] per sequence; a
+    /// device backend may run all of them at once, reading each
+    /// sequence's cache from what [`Backend::bind_kv`] recorded.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_batch<'c>(
+        &self,
+        layer: usize,
+        q: &Self::Buf,
+        cur_k: &Self::Buf,
+        cur_v: &Self::Buf,
+        pasts: &mut dyn Iterator<Item = Option<PastKv<'c, Self>>>,
+        params: &[AttnParams],
+        step: &Self::Step,
+        out: &mut Self::Buf,
+    ) -> Result<()> {
+        let _ = layer;
+        let mut n = 0;
+        for (past, p) in pasts.zip(params) {
+            self.attention(q, cur_k, cur_v, past, p, step, out)?;
+            n += 1;
+        }
+        if n != params.len() {
+            return Err(crate::ModelError::Backend(format!(
+                "attention of {} sequences given {n} caches",
+                params.len()
+            )));
+        }
+        Ok(())
+    }
+    /// Records, before [`Backend::load_step`], that sequence `seq` of the
+    /// step keeps layer `layer`'s K/V in `kv` (None: no cache, e.g. a
+    /// padding row's sequence). A backend that replays steps as graphs
+    /// keeps these in the step's inputs, so a graph does not depend on
+    /// which caches are in the batch. The default records nothing (the
+    /// ops get the buffers as arguments).
+    fn bind_kv(
+        &self,
+        _step: &mut Self::Step,
+        _seq: usize,
+        _layer: usize,
+        _kv: Option<KvBinding<'_, Self>>,
+    ) -> Result<()> {
+        Ok(())
+    }
+    /// Whether the backend replays decode steps as graphs: the model then
+    /// pads an all-decode step to a power-of-two row count (rows of no
+    /// sequence's cache), so a few graphs serve every batch size. The CPU
+    /// keeps exact batches.
+    fn replays_steps(&self) -> bool {
+        false
+    }
+    /// [`Backend::store_kv`] of every sequence of a step for `layer` (an
+    /// iterator, so a step allocates nothing; an item's error ends the
+    /// call). The default stores them one by one; a device backend may
+    /// store all in one launch from the caches [`Backend::bind_kv`]
+    /// recorded.
+    fn store_kv_batch<'c>(
+        &self,
+        layer: usize,
+        k: &Self::Buf,
+        v: &Self::Buf,
+        stores: &mut dyn Iterator<Item = Result<KvStore<'c, Self>>>,
+        step: &Self::Step,
+    ) -> Result<()> {
+        let _ = layer;
+        for st in stores {
+            let st = st?;
+            self.store_kv(k, v, st.src_row0, st.dst, st.n, st.p0, st.seq, step)?;
+        }
+        Ok(())
+    }
     /// Stores rows `src_row0..src_row0 + n` of `k`/`v` (a sequence's
     /// positions `p0..p0 + n`) in its cache: position `pos` in row `pos %
     /// rows` of a ring, row `pos` otherwise. A ring keeps only the last

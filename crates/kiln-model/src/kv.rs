@@ -6,7 +6,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::backend::{Backend, KvDst, PastKv};
+use crate::backend::{Backend, KvBinding, KvDst, PastKv};
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 
@@ -224,21 +224,10 @@ impl<B: Backend> KvCache<B> {
         })
     }
 
-    /// Writes rows `src_row0..src_row0 + n` of `k`/`v` (positions `len..len
-    /// + n`) of `layer`; [`KvCache::advance`] then counts them once every
-    /// layer has. `seq` is the sequence's index in `step`.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn store(
-        &mut self,
-        backend: &B,
-        layer: usize,
-        src_row0: usize,
-        n: usize,
-        k: &B::Buf,
-        v: &B::Buf,
-        seq: usize,
-        step: &B::Step,
-    ) -> Result<()> {
+    /// Where `layer` stores the `n` positions `len..len + n` (the rows
+    /// [`KvCache::ensure`] reserved); [`KvCache::advance`] then counts them
+    /// once every layer has.
+    pub(crate) fn store_dst(&mut self, layer: usize, n: usize) -> Result<KvDst<'_, B>> {
         let p0 = self.len;
         let Some(l) = self.layers.get_mut(layer).and_then(|l| l.as_mut()) else {
             return Err(ModelError::Backend(format!("layer {layer}: no K/V cache")));
@@ -259,14 +248,24 @@ impl<B: Backend> KvCache<B> {
         }
         // Once a ring wraps, the rows it writes held positions before `p0`.
         self.clobbered |= l.ring && p0 > 0 && p0 + n > l.rows;
-        let dst = KvDst {
+        Ok(KvDst {
             k: &mut l.k,
             v: &mut l.v,
             rows: l.rows,
             row_len: l.row_len,
             ring: l.ring,
-        };
-        backend.store_kv(k, v, src_row0, dst, n, p0, seq, step)
+        })
+    }
+
+    /// `layer`'s buffers, for [`Backend::bind_kv`] (None on KV-shared
+    /// layers).
+    pub(crate) fn binding(&self, layer: usize) -> Option<KvBinding<'_, B>> {
+        let l = self.layers.get(layer)?.as_ref()?;
+        Some(KvBinding {
+            k: &l.k,
+            v: &l.v,
+            rows: l.rows,
+        })
     }
 
     /// Counts the `n` positions every layer has stored.

@@ -10,8 +10,11 @@ mod config;
 mod error;
 mod kv;
 mod model;
+mod scratch;
 
-pub use backend::{AttnParams, Backend, GraphKey, HeadsPart, KvDst, PastKv, SeqSpan, StepInput};
+pub use backend::{
+    AttnParams, Backend, GraphKey, HeadsPart, KvBinding, KvDst, KvStore, PastKv, SeqSpan, StepInput,
+};
 pub use config::{Arch, LayerConfig, ModelConfig, MoeConfig, RopeConfig};
 pub use error::{nonfinite_name, ModelError, Result};
 pub use kv::KvCache;

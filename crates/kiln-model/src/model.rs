@@ -5,10 +5,11 @@ use std::sync::Arc;
 
 use kiln_gguf::{GgmlType, Gguf};
 
-use crate::backend::{AttnParams, Backend, GraphKey, HeadsPart, StepInput};
+use crate::backend::{AttnParams, Backend, GraphKey, HeadsPart, KvStore, StepInput};
 use crate::config::{LayerConfig, ModelConfig};
 use crate::error::{ModelError, Result};
-use crate::kv::{buffer_id, KvCache};
+use crate::kv::KvCache;
+pub use crate::scratch::Scratch;
 
 /// One sequence's part of a [`Model::forward_batch`] step.
 pub struct BatchSeq<'a, B: Backend> {
@@ -25,7 +26,7 @@ pub struct BatchSeq<'a, B: Backend> {
 /// `row` of the residual stream, gathered to row `dst` of `s.h` in
 /// `group` (0: logits to the host, 1: the argmax head, 2: hidden states).
 #[derive(Clone, Copy, Debug, Default)]
-struct OutRows {
+pub(crate) struct OutRows {
     row: usize,
     rows: usize,
     group: usize,
@@ -562,9 +563,18 @@ impl<B: Backend> Model<B> {
         for q in seqs.iter() {
             s.input.push_seq(q.tokens, q.cache.len());
         }
+        // A decode step a graph replays is padded to a power-of-two row
+        // count: one-row sequences of token 0 at position 0 with no cache
+        // (their K/V go nowhere, their ids are dropped).
+        if self.graph_decode(seqs) {
+            let padded = n.next_power_of_two().min(s.max_tokens);
+            for _ in n..padded {
+                s.input.push_seq(&[0], 0);
+            }
+        }
         let r = self
-            .backend
-            .load_step(&s.input, &mut s.step)
+            .bind_caches(seqs, s)
+            .and_then(|()| self.backend.load_step(&s.input, &mut s.step))
             .and_then(|()| self.run(seqs, s));
         match &r {
             Ok(()) => {
@@ -578,6 +588,30 @@ impl<B: Backend> Model<B> {
             Err(_) => seqs.iter_mut().for_each(|q| q.cache.abort()),
         }
         r
+    }
+
+    /// Whether `seqs` make a decode step the backend replays as a graph:
+    /// one greedy row each, and no host work inside the step (debug taps,
+    /// MoE routing).
+    fn graph_decode(&self, seqs: &[BatchSeq<'_, B>]) -> bool {
+        self.backend.replays_steps()
+            && !self.dump_layer0
+            && self.config.layers.iter().all(|l| l.moe.is_none())
+            && seqs
+                .iter()
+                .all(|q| q.output == Output::Argmax && q.tokens.len() == 1)
+    }
+
+    /// Records every sequence's cache of every layer in the step (padding
+    /// sequences have none).
+    fn bind_caches(&self, seqs: &[BatchSeq<'_, B>], s: &mut Scratch<B>) -> Result<()> {
+        for i in 0..s.input.seqs.len() {
+            for il in 0..self.config.n_layer {
+                let kv = seqs.get(i).and_then(|q| q.cache.binding(il));
+                self.backend.bind_kv(&mut s.step, i, il, kv)?;
+            }
+        }
+        Ok(())
     }
 
     /// [`Model::forward_batch`] after its checks: every layer, the K/V of
@@ -622,21 +656,23 @@ impl<B: Backend> Model<B> {
             o.dst = at[o.group];
             at[o.group] += o.rows;
         }
-        let n_out = at[2];
+        // Padding rows (a graph-replayed decode step's, after the real
+        // ones, all greedy rows in place) run the argmax head too, so
+        // the step's launches depend only on its padded row count.
+        let pad = s.input.seqs.len() - seqs.len();
+        let n_argmax = n_argmax + pad;
+        let n_out = at[2] + pad;
 
-        // Host work inside a step (debug taps, MoE routing) cannot be
-        // replayed.
-        let replayable = !self.dump_layer0 && cfg.layers.iter().all(|l| l.moe.is_none());
-        let key = if n_argmax == 1 && n == 1 && replayable {
-            let kv_end = s.input.seqs[0].p0 + 1;
-            Some(GraphKey {
-                rows: 1,
+        // Caches are found through the step (`bind_caches`), so a key
+        // names no cache: any sequences of a bucket replay its graph.
+        let key = self.graph_decode(seqs).then(|| {
+            let kv_end = s.input.seqs.iter().map(|sp| sp.p0 + 1).max().unwrap_or(1);
+            GraphKey {
+                rows: n,
                 kv_bucket: kv_end.next_power_of_two(),
-                buffers: s.id.rotate_left(32) ^ seqs[0].cache.buffers_id(),
-            })
-        } else {
-            None
-        };
+                buffers: s.id,
+            }
+        });
         let mut body = || -> Result<()> {
             b.embed(&self.token_embd, &s.step, n, cfg.embed_scale, &mut s.x)?;
             if self.dump_layer0 {
@@ -663,13 +699,16 @@ impl<B: Backend> Model<B> {
             // KV-shared layers have read their sources' batch rows by now.
             for (il, (k, v)) in s.chunk_k.iter().zip(&s.chunk_v).enumerate() {
                 if let (Some(k), Some(v)) = (k, v) {
-                    for (i, (q, sp)) in seqs.iter_mut().zip(&s.input.seqs).enumerate() {
-                        q.cache.store(b, il, sp.row0, sp.n_rows, k, v, i, &s.step)?;
-                    }
+                    store_batch(b, il, seqs, k, v, &s.input, &s.step)?;
                 }
             }
-            // Final norm only on the rows the outputs need.
-            for o in plan.iter().filter(|_| !h_ready) {
+            // Final norm only on the rows the outputs need. Rows in place
+            // (every decode step) are one copy of them all: a graph of a
+            // padded step then serves whichever of its rows are real.
+            if !h_ready && identity {
+                b.copy_strided(&s.x, 0, 0, &mut s.h, 0, 0, 1, n * d, 1.0, false)?;
+            }
+            for o in plan.iter().filter(|_| !h_ready && !identity) {
                 b.copy_strided(
                     &s.x,
                     o.row * d,
@@ -883,9 +922,11 @@ impl<B: Backend> Model<B> {
             _ if src == il => (&s.layer_k, &s.layer_v),
             _ => return Err(ModelError::Backend(format!("layer {src}: no K/V scratch"))),
         };
-        // Attention per sequence, each over its own cache.
-        for (i, (q, sp)) in seqs.iter_mut().zip(&s.input.seqs).enumerate() {
-            let params = AttnParams {
+        // Attention of every sequence (padding ones too), each over its
+        // own cache, in one call.
+        s.params.clear();
+        for (i, sp) in s.input.seqs.iter().enumerate() {
+            s.params.push(AttnParams {
                 n_tok: sp.n_rows,
                 p0: sp.p0,
                 row0: sp.row0,
@@ -896,14 +937,22 @@ impl<B: Backend> Model<B> {
                 scale: l.attn_scale,
                 softcap: cfg.attn_softcap,
                 window: l.window,
-            };
-            let past = q.cache.past(src);
-            b.attention(&s.q_up, ck, cv, past, &params, &s.step, &mut s.attn_gate)?;
-            if l.owns_kv() && !deferred {
-                let (row0, rows) = (sp.row0, sp.n_rows);
-                q.cache
-                    .store(b, il, row0, rows, &s.layer_k, &s.layer_v, i, &s.step)?;
-            }
+            });
+        }
+        let mut pasts =
+            (0..s.input.seqs.len()).map(|i| seqs.get(i).and_then(|q| q.cache.past(src)));
+        b.attention_batch(
+            src,
+            &s.q_up,
+            ck,
+            cv,
+            &mut pasts,
+            &s.params,
+            &s.step,
+            &mut s.attn_gate,
+        )?;
+        if l.owns_kv() && !deferred {
+            store_batch(b, il, seqs, &s.layer_k, &s.layer_v, &s.input, &s.step)?;
         }
         if dump {
             self.tap("attn_out", &s.attn_gate, n * l.q_dim())?;
@@ -1165,155 +1214,31 @@ impl<B: Backend> Model<B> {
     }
 }
 
-/// Rows a dense feed-forward runs at a time. Its `[rows, ffn]` gate and up
-/// projections would be the largest prefill buffers (4 MiB each for 512
-/// tokens of the 270M); 256 rows, a multiple of the GEMM's token block,
-/// still reuse each weight row across many tokens.
-const FFN_ROWS: usize = 256;
-
-/// Caller-owned activations for batches of up to `max_tokens` tokens:
-/// allocated once, reused by every forward call (no per-token allocation).
-pub struct Scratch<B: Backend> {
-    max_tokens: usize,
-    /// Rows the feed-forward runs at a time ([`FFN_ROWS`]; the whole batch
-    /// when a layer is MoE).
-    ffn_rows: usize,
-    /// The residual stream, `[n, d]`.
-    x: B::Buf,
-    /// `[n, d]`: a layer's normed input, then its attention output
-    /// projection; a feed-forward block's normed input; the final norm.
-    h: B::Buf,
-    /// The queries, then a feed-forward block's up projection (the two
-    /// never live at once).
-    q_up: B::Buf,
-    /// The attention output, then a feed-forward block's gate projection.
-    attn_gate: B::Buf,
-    /// A feed-forward block's output, `[ffn_rows, d]`.
-    o: B::Buf,
-    /// This batch's K/V of each layer whose cache later layers read (Gemma 4
-    /// KV sharing), stored after the last layer: a sharing layer reads the
-    /// source's batch rows here and its older rows from the cache, which
-    /// storing earlier would overwrite in a sliding ring.
-    chunk_k: Vec<Option<B::Buf>>,
-    chunk_v: Vec<Option<B::Buf>>,
-    /// This batch's K/V of every other KV-owning layer, one pair for all:
-    /// each stores it in the cache right after its attention.
-    layer_k: B::Buf,
-    layer_v: B::Buf,
-    ple: B::Buf,
-    ple_tok: B::Buf,
-    ple_gate: B::Buf,
-    ple_slice: B::Buf,
-    router: B::Buf,
-    router_host: Vec<f32>,
-    router_probs: Vec<f32>,
-    router_order: Vec<usize>,
-    expert_tokens: Vec<Vec<(usize, f32)>>,
-    moe_x: B::Buf,
-    moe_gate: B::Buf,
-    moe_up: B::Buf,
-    moe_out: B::Buf,
-    logits: Option<B::Buf>,
-    /// Logits of a step's output rows on the host, split per sequence.
-    logits_host: Vec<f32>,
-    /// The argmax head's ids of a step, read back at once.
-    ids_host: Vec<u32>,
-    /// The step's output rows per sequence, and each sequence's result.
-    plan: Vec<OutRows>,
-    results: Vec<Result<Option<u32>>>,
-    /// The step's inputs, host side and the backend's copy.
-    input: StepInput,
-    step: B::Step,
-    /// Identity of these buffers (see [`GraphKey::buffers`]).
-    id: u64,
-}
-
-impl<B: Backend> Scratch<B> {
-    /// Scratch for a model whose backend fuses no projections (see
-    /// [`Model::new_scratch`]).
-    pub fn new(b: &B, cfg: &ModelConfig, max_tokens: usize) -> Result<Self> {
-        Self::sized(b, cfg, max_tokens, false)
-    }
-
-    /// `fused`: the wide buffers also take the fused projections' outputs
-    /// (`[n, q + k + v]`, `[ffn_rows, 2 * ffn]`).
-    fn sized(b: &B, cfg: &ModelConfig, max_tokens: usize, fused: bool) -> Result<Self> {
-        if max_tokens == 0 {
-            return Err(ModelError::Invalid("scratch for 0 tokens".into()));
-        }
-        let n = max_tokens;
-        let d = cfg.n_embd;
-        let max_q = cfg.layers.iter().map(|l| l.q_dim()).max().unwrap_or(0);
-        let max_ff = cfg.layers.iter().map(|l| l.ffn).max().unwrap_or(0);
-        let moe = cfg.layers.iter().filter_map(|l| l.moe.as_ref()).next();
-        let (ne, eff) = moe.map_or((0, 0), |m| (m.n_expert, m.expert_ffn));
-        let ffn_rows = if moe.is_some() { n } else { n.min(FFN_ROWS) };
-        let mut wide = (n * max_q).max(ffn_rows * max_ff);
-        if fused {
-            let max_qkv = cfg.layers.iter().map(|l| l.q_dim() + 2 * l.kv_dim());
-            wide = wide
-                .max(n * max_qkv.max().unwrap_or(0))
-                .max(ffn_rows * 2 * max_ff);
-        }
-        let mut chunk_k = Vec::with_capacity(cfg.n_layer);
-        let mut chunk_v = Vec::with_capacity(cfg.n_layer);
-        let mut layer_kv = 0;
-        for l in &cfg.layers {
-            let read_later = cfg
-                .layers
-                .iter()
-                .any(|m| m.index != l.index && m.kv_source == l.index);
-            if l.owns_kv() && read_later {
-                chunk_k.push(Some(b.alloc(n * l.kv_dim())?));
-                chunk_v.push(Some(b.alloc(n * l.kv_dim())?));
-            } else {
-                if l.owns_kv() {
-                    layer_kv = layer_kv.max(l.kv_dim());
-                }
-                chunk_k.push(None);
-                chunk_v.push(None);
-            }
-        }
-        let pw = cfg.n_layer * cfg.ple_dim;
-        Ok(Scratch {
-            max_tokens,
-            ffn_rows,
-            x: b.alloc(n * d)?,
-            h: b.alloc(n * d)?,
-            q_up: b.alloc(wide)?,
-            attn_gate: b.alloc(wide)?,
-            o: b.alloc(ffn_rows * d)?,
-            chunk_k,
-            chunk_v,
-            layer_k: b.alloc(n * layer_kv)?,
-            layer_v: b.alloc(n * layer_kv)?,
-            ple: b.alloc(n * pw)?,
-            ple_tok: b.alloc(n * pw)?,
-            ple_gate: b.alloc(n * cfg.ple_dim)?,
-            ple_slice: b.alloc(n * cfg.ple_dim)?,
-            router: b.alloc(n * ne)?,
-            router_host: Vec::with_capacity(n * ne),
-            router_probs: Vec::with_capacity(ne),
-            router_order: Vec::with_capacity(ne),
-            expert_tokens: vec![Vec::with_capacity(n); ne],
-            moe_x: b.alloc(if ne > 0 { n * d } else { 0 })?,
-            moe_gate: b.alloc(n * eff)?,
-            moe_up: b.alloc(n * eff)?,
-            moe_out: b.alloc(if ne > 0 { n * d } else { 0 })?,
-            logits: None,
-            logits_host: Vec::new(),
-            ids_host: Vec::new(),
-            plan: Vec::new(),
-            results: Vec::new(),
-            input: StepInput::default(),
-            step: b.new_step(n)?,
-            id: buffer_id(),
-        })
-    }
-
-    pub fn max_tokens(&self) -> usize {
-        self.max_tokens
-    }
+/// Stores the step's K/V rows `k`/`v` of `layer` in every sequence's
+/// cache, in one [`Backend::store_kv_batch`].
+fn store_batch<B: Backend>(
+    b: &B,
+    layer: usize,
+    seqs: &mut [BatchSeq<'_, B>],
+    k: &B::Buf,
+    v: &B::Buf,
+    input: &StepInput,
+    step: &B::Step,
+) -> Result<()> {
+    let mut stores = seqs
+        .iter_mut()
+        .zip(&input.seqs)
+        .enumerate()
+        .map(|(i, (q, sp))| {
+            Ok(KvStore {
+                dst: q.cache.store_dst(layer, sp.n_rows)?,
+                src_row0: sp.row0,
+                n: sp.n_rows,
+                p0: sp.p0,
+                seq: i,
+            })
+        });
+    b.store_kv_batch(layer, k, v, &mut stores, step)
 }
 
 #[cfg(test)]
