@@ -1,10 +1,11 @@
-// stream.cu: one-token products that stream packed weight rows through
-// shared memory, appended to matmul.cu (same weight type, same helpers).
+// stream.cu: products with few x rows that stream packed weight rows
+// through shared memory, appended to matmul.cu (same weight type, same
+// helpers).
 //
 //   stream_matvec  out[r] = dot(W[row0 + r], x): the decode GEMV.
-//   stream_argmax  ids[slot] = the row of the largest dot(W[r], x): the
-//                  greedy LM head, finished by the grid's last CTA (no
-//                  second kernel).
+//   stream_argmax  ids[slot + t] = the row of the largest dot(W[r], x[t])
+//                  for up to 8 x rows: the greedy LM head, finished by the
+//                  grid's last CTA (no second kernel).
 //
 // A CTA takes tiles of `tile_rows` consecutive rows (tiles blockIdx.x,
 // blockIdx.x + gridDim.x, ...). Each tile's bytes are copied into shared
@@ -15,7 +16,7 @@
 // requested before grid_dep_wait(): a small matrix is already on the SM
 // when the kernel that writes x finishes. The warps then take groups of R
 // rows of the tile; lane l takes units l, l + 32, ... of each row, one x
-// unit (from L1) serving all R rows. Per unit: d * sum(q x) + m * sum(x),
+// unit (from L1) serving all R rows, one decoded unit all x rows. Per unit: d * sum(q x) + m * sum(x),
 // the sums over its 8 elements, as warp_dots.
 //
 // Tiles start wherever their first row does: the copy starts at the 16-byte
@@ -85,44 +86,63 @@ __device__ __forceinline__ void stage_tile(u8* stage, const TileSpan& s, u64 row
 }
 
 // This warp's dots of rows 0 .. n (n <= R) at `rows` (shared memory, stride
-// row_bytes) with x; every lane gets the sums.
-template <class T, int R>
+// row_bytes) with x rows 0 .. n_tok (n_tok <= NT, stride k); every lane
+// gets the sums.
+template <class T, int NT, int R>
 __device__ __forceinline__ void stage_dots(const u8* rows, u64 row_bytes, int n, int k, const float* __restrict__ x,
-                                           float (&acc)[R]) {
+                                           int n_tok, float (&acc)[R][NT]) {
 #pragma unroll
-    for (int r = 0; r < R; r++) acc[r] = 0.0f;
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
     const int n_units = k >> 3;
-    // Two units in flight per lane: their loads overlap (a lone warp's
-    // dependent chain bounds the short GEMVs).
-#pragma unroll 2
+    // One token: two units in flight per lane, their loads overlapping (a
+    // lone warp's dependent chain bounds the short GEMVs). More tokens
+    // hold NT x 8 x values in registers already.
+#pragma unroll(NT == 1 ? 2 : 1)
     for (int u = threadIdx.x & 31; u < n_units; u += 32) {
-        const float4* p = (const float4*)(x + 8 * u);
-        const float4 a = p[0], b = p[1];
-        const float xv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-        const float xs = T::HAS_MIN ? ((a.x + a.y) + (a.z + a.w)) + ((b.x + b.y) + (b.z + b.w)) : 0.0f;
+        float xv[NT][8], xs[NT];
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f), b = a;
+            if (t < n_tok) {
+                const float4* p = (const float4*)(x + (size_t)t * k + 8 * u);
+                a = p[0];
+                b = p[1];
+            }
+            xv[t][0] = a.x, xv[t][1] = a.y, xv[t][2] = a.z, xv[t][3] = a.w;
+            xv[t][4] = b.x, xv[t][5] = b.y, xv[t][6] = b.z, xv[t][7] = b.w;
+            xs[t] = T::HAS_MIN ? ((a.x + a.y) + (a.z + a.w)) + ((b.x + b.y) + (b.z + b.w)) : 0.0f;
+        }
 #pragma unroll
         for (int r = 0; r < R; r++) {
             if (r >= n) break;
             Unit un;
             load_unit<T>(rows + (u64)r * row_bytes, u, un);
-            float s = 0.0f;
 #pragma unroll
-            for (int i = 0; i < 8; i++) s = fmaf(un.q[i], xv[i], s);
-            acc[r] = fmaf(un.a.d, s, acc[r]);
-            if (T::HAS_MIN) acc[r] = fmaf(un.a.m, xs, acc[r]);
+            for (int t = 0; t < NT; t++) {
+                if (t >= n_tok) continue;
+                float s = 0.0f;
+#pragma unroll
+                for (int i = 0; i < 8; i++) s = fmaf(un.q[i], xv[t][i], s);
+                acc[r][t] = fmaf(un.a.d, s, acc[r][t]);
+                if (T::HAS_MIN) acc[r][t] = fmaf(un.a.m, xs[t], acc[r][t]);
+            }
         }
     }
 #pragma unroll
-    for (int r = 0; r < R; r++) acc[r] = warp_sum(acc[r]);
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[r][t] = warp_sum(acc[r][t]);
 }
 
 // Streams rows 0 .. n_rows of `w` through shared memory and calls
-// `visit(row, dot)` for each row's dot with x, in every lane of the warp
-// that computed it.
-template <class T, int R, class Visit>
+// `visit(row, t, dot)` for each row's dot with x row t < n_tok, in every
+// lane of the warp that computed it.
+template <class T, int NT, int R, class Visit>
 __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, u64 row_bytes, const u8* end, int n_rows,
                                             int k, int tile_rows, u32 stage_bytes, const float* __restrict__ x,
-                                            Visit visit) {
+                                            int n_tok, Visit visit) {
     extern __shared__ __align__(16) u8 stages[];
     const int n_tiles = (n_rows + tile_rows - 1) / tile_rows;
     int tile = blockIdx.x;
@@ -142,11 +162,13 @@ __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, u64 row_by
         const TileSpan s = tile_span(w, row_bytes, n_rows, tile_rows, tile);
         const u8* rows = stages + (i & 1) * stage_bytes + s.offset;
         for (int g = warp * R; g < (int)s.rows; g += STREAM_WARPS * R) {
-            float acc[R];
-            stage_dots<T, R>(rows + (u64)g * row_bytes, row_bytes, min(R, (int)s.rows - g), k, x, acc);
+            float acc[R][NT];
+            stage_dots<T, NT, R>(rows + (u64)g * row_bytes, row_bytes, min(R, (int)s.rows - g), k, x, n_tok, acc);
 #pragma unroll
             for (int r = 0; r < R; r++)
-                if (g + r < (int)s.rows) visit(tile * tile_rows + g + r, acc[r]);
+#pragma unroll
+                for (int t = 0; t < NT; t++)
+                    if (g + r < (int)s.rows && t < n_tok) visit(tile * tile_rows + g + r, t, acc[r][t]);
         }
         __syncthreads();  // the stage is read before the copy two tiles on overwrites it
     }
@@ -158,38 +180,51 @@ __device__ __forceinline__ void stream_matvec(const u8* __restrict__ w, u64 row_
                                               int n_rows, int k, int tile_rows, u32 stage_bytes,
                                               const float* __restrict__ x, float* __restrict__ out) {
     const int lane = threadIdx.x & 31;
-    stream_rows<T, R>(w + (u64)row0 * row_bytes, row_bytes, end, n_rows, k, tile_rows, stage_bytes, x,
-                      [&](int row, float dot) {
-                          if (lane == 0) out[row] = dot;
-                      });
+    stream_rows<T, 1, R>(w + (u64)row0 * row_bytes, row_bytes, end, n_rows, k, tile_rows, stage_bytes, x, 1,
+                         [&](int row, int, float dot) {
+                             if (lane == 0) out[row] = dot;
+                         });
 }
 
-// ids[slot] = the row of the largest dot(W[r], x) (lowest row on ties), or
-// u32::MAX when any dot is not finite. Each CTA folds its best key into
-// cell[0] (atomicMax of argmax_key: order-free, so deterministic); the
-// last CTA to finish (cell[1] counts them) writes the id and zeroes both
-// cells for the next launch.
-template <class T, int R>
+// Most x rows of one head launch; cell[HEAD_MAX_TOKENS] counts finished CTAs
+// (STREAM_HEAD_TOKENS in stream.rs).
+constexpr int HEAD_MAX_TOKENS = 8;
+
+// ids[slot + t] = the row of the largest dot(W[r], x[t]) (lowest row on
+// ties), or u32::MAX when any of x[t]'s dots is not finite, for t < n_tok.
+// Each CTA folds its best keys into cell[t] (atomicMax of argmax_key:
+// order-free, so deterministic); the last CTA to finish (counted in
+// cell[HEAD_MAX_TOKENS]) writes the ids and zeroes the cells for the next
+// launch.
+template <class T, int NT, int R>
 __device__ __forceinline__ void stream_argmax(const u8* __restrict__ w, u64 row_bytes, const u8* end, int n_rows,
                                               int k, int tile_rows, u32 stage_bytes, const float* __restrict__ x,
-                                              u64* cell, u32* ids, int slot) {
-    u64 best = 0;
-    stream_rows<T, R>(w, row_bytes, end, n_rows, k, tile_rows, stage_bytes, x,
-                      [&](int row, float dot) { best = max_u64(best, argmax_key(dot, (u32)row)); });
-    __shared__ u64 warp_best[STREAM_WARPS];
-    if ((threadIdx.x & 31) == 0) warp_best[threadIdx.x >> 5] = best;
+                                              int n_tok, u64* cell, u32* ids, int slot) {
+    u64 best[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) best[t] = 0;
+    stream_rows<T, NT, R>(w, row_bytes, end, n_rows, k, tile_rows, stage_bytes, x, n_tok,
+                          [&](int row, int t, float dot) { best[t] = max_u64(best[t], argmax_key(dot, (u32)row)); });
+    __shared__ u64 warp_best[STREAM_WARPS][NT];
+    if ((threadIdx.x & 31) == 0)
+#pragma unroll
+        for (int t = 0; t < NT; t++) warp_best[threadIdx.x >> 5][t] = best[t];
     __syncthreads();
     if (threadIdx.x != 0) return;
-    u64 b = warp_best[0];
+    for (int t = 0; t < n_tok; t++) {
+        u64 b = warp_best[0][t];
 #pragma unroll
-    for (int i = 1; i < STREAM_WARPS; i++) b = max_u64(b, warp_best[i]);
-    atomicMax(&cell[0], b);
-    __threadfence();  // the max lands before this CTA counts as done
-    if (atomicAdd(&cell[1], 1ull) != gridDim.x - 1) return;
+        for (int i = 1; i < STREAM_WARPS; i++) b = max_u64(b, warp_best[i][t]);
+        atomicMax(&cell[t], b);
+    }
+    __threadfence();  // the maxima land before this CTA counts as done
+    if (atomicAdd(&cell[HEAD_MAX_TOKENS], 1ull) != gridDim.x - 1) return;
     __threadfence();
-    b = atomicExch(&cell[0], 0ull);
-    cell[1] = 0;
-    ids[slot] = (b == ARGMAX_BAD || b == 0) ? 0xffffffffu : ~(u32)b;
+    for (int t = 0; t < n_tok; t++) {
+        const u64 b = atomicExch(&cell[t], 0ull);
+        ids[slot + t] = (b == ARGMAX_BAD || b == 0) ? 0xffffffffu : ~(u32)b;
+    }
+    cell[HEAD_MAX_TOKENS] = 0;
 }
 
 // ---- entry points -------------------------------------------------------------
@@ -206,10 +241,27 @@ __device__ __forceinline__ void stream_argmax(const u8* __restrict__ w, u64 row_
     extern "C" __global__ void __launch_bounds__(STREAM_WARPS * 32)                                               \
         KILN_CAT(KILN_CAT(stream_argmax, KILN_WEIGHT), r##R)(const u8* w, u64 row_bytes, const u8* end,           \
                                                             int n_rows, int k, int tile_rows, u32 stage_bytes,     \
-                                                            const float* x, u64* cell, u32* ids, int slot) {      \
-        stream_argmax<KILN_WEIGHT, R>(w, row_bytes, end, n_rows, k, tile_rows, stage_bytes, x, cell, ids, slot);  \
+                                                            const float* x, int n_tok, u64* cell, u32* ids,       \
+                                                            int slot) {                                           \
+        stream_argmax<KILN_WEIGHT, 1, R>(w, row_bytes, end, n_rows, k, tile_rows, stage_bytes, x, n_tok, cell, ids, \
+                                         slot);                                                                   \
     }
 
 KILN_STREAM(1)
 KILN_STREAM(2)
 KILN_STREAM(4)
+
+// The head of 2 .. NT x rows (one row per warp: NT x units in registers).
+#define KILN_STREAM_HEAD(NT)                                                                                      \
+    extern "C" __global__ void __launch_bounds__(STREAM_WARPS * 32)                                               \
+        KILN_CAT(KILN_CAT(stream_argmax, KILN_WEIGHT), t##NT)(const u8* w, u64 row_bytes, const u8* end,          \
+                                                             int n_rows, int k, int tile_rows, u32 stage_bytes,    \
+                                                             const float* x, int n_tok, u64* cell, u32* ids,      \
+                                                             int slot) {                                          \
+        stream_argmax<KILN_WEIGHT, NT, 1>(w, row_bytes, end, n_rows, k, tile_rows, stage_bytes, x, n_tok, cell, ids, \
+                                          slot);                                                                  \
+    }
+
+KILN_STREAM_HEAD(2)
+KILN_STREAM_HEAD(4)
+KILN_STREAM_HEAD(8)

@@ -29,7 +29,7 @@ use crate::gpu::{cuda_err, Gpu, Source};
 use crate::ops::launch;
 use crate::weight::CudaWeight;
 use skinny::{GEMM_MAX_TOKENS, GEMM_TOKENS, SPLIT_FLOATS};
-use stream::{stream_enabled, STREAM_R};
+use stream::{stream_enabled, HEAD_CELLS, STREAM_HEAD_TOKENS, STREAM_R};
 
 /// One [`Source`] per weight type: `matmul.cu` after `quant.cuh`, with
 /// `KILN_WEIGHT` set to the type's decoder (also the kernels' name suffix).
@@ -119,6 +119,8 @@ struct TypeKernels {
     /// In [`STREAM_R`] order.
     stream_matvec: Vec<CudaFunction>,
     stream_argmax: Vec<CudaFunction>,
+    /// In [`STREAM_HEAD_TOKENS`] order.
+    stream_head: Vec<CudaFunction>,
 }
 
 /// The packed-weight ops of [`crate::CudaBackend`].
@@ -128,8 +130,8 @@ pub(crate) struct Matmul {
     partials: CudaSlice<u64>,
     /// Partial sums of a GEMM split along k.
     split: CudaSlice<f32>,
-    /// The one-kernel head's running best key and finished-CTA count (zero
-    /// between launches).
+    /// The one-kernel heads' running best keys and finished-CTA count
+    /// (zero between launches).
     head_cells: CudaSlice<u64>,
     /// Streaming multiprocessors of the GPU (split and grid sizes).
     sms: usize,
@@ -191,7 +193,7 @@ impl Matmul {
             kernels: Mutex::default(),
             partials: gpu.alloc::<u64>(ARGMAX_PARTIALS, "argmax partials")?,
             split: gpu.alloc::<f32>(SPLIT_FLOATS, "split partial sums")?,
-            head_cells: gpu.alloc::<u64>(2, "argmax head cells")?,
+            head_cells: gpu.alloc::<u64>(HEAD_CELLS, "argmax head cells")?,
             sms,
             smem_per_sm,
             workspace: Mutex::new(None),
@@ -354,8 +356,8 @@ impl Matmul {
     /// `ids[slot0 + i] = argmax_r dot(W[r], h[row0 + i])` for `i < n`: ties
     /// go to the lowest r, and any non-finite dot gives `u32::MAX` (the
     /// host reports it). Nothing is copied to the host and nothing
-    /// allocated. One row takes the streaming kernel (stream.rs); several, the tiled
-    /// one, which reads each head row once for all of them.
+    /// allocated. Up to 8 rows take the streaming kernels (stream.rs), more
+    /// the tiled one; both read each head row once for all rows.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn argmax(
         &self,
@@ -376,15 +378,13 @@ impl Matmul {
                 w.name, w.rows
             )));
         }
-        match n {
-            0 => return Ok(()),
-            1 => {}
-            _ => return self.argmax_tiles(gpu, &k, w, h, row0, n, ids, slot0),
-        }
-        let (row, slot) = (row0, slot0);
-        if stream_enabled() && self.stream_argmax(gpu, &k, w, h, row, ids, slot)? {
+        if n == 0 || (stream_enabled() && self.stream_argmax(gpu, &k, w, h, row0, n, ids, slot0)?) {
             return Ok(());
         }
+        if n > 1 {
+            return self.argmax_tiles(gpu, &k, w, h, row0, n, ids, slot0);
+        }
+        let (row, slot) = (row0, slot0);
         let ctas = w.rows.div_ceil(WARPS * ARGMAX_ROWS).min(ARGMAX_CTAS);
         let cfg = grid((ctas, 1), BLOCK);
         let (row_bytes, rows, cols) = (
@@ -442,6 +442,10 @@ impl Matmul {
             split_sum: get("gemm_split_sum")?,
             stream_matvec: streamed("stream_matvec")?,
             stream_argmax: streamed("stream_argmax")?,
+            stream_head: STREAM_HEAD_TOKENS
+                .iter()
+                .map(|t| gpu.function(src, &format!("stream_argmax_{suffix}_t{t}")))
+                .collect::<Result<Vec<_>>>()?,
         });
         map.insert(w.ty, k.clone());
         Ok(k)
@@ -509,11 +513,14 @@ mod tests {
                 let name = format!("matvec_{suffix}_t{nt}r{r}");
                 assert!(ptx.contains(&format!(".entry {name}(")), "{ty}: no {name}");
             }
-            for r in STREAM_R {
-                for op in ["stream_matvec", "stream_argmax"] {
-                    let name = format!("{op}_{suffix}_r{r}");
-                    assert!(ptx.contains(&format!(".entry {name}(")), "{ty}: no {name}");
-                }
+            let streamed = STREAM_R.iter().flat_map(|r| {
+                ["stream_matvec", "stream_argmax"].map(|op| format!("{op}_{suffix}_r{r}"))
+            });
+            let heads = STREAM_HEAD_TOKENS
+                .iter()
+                .map(|t| format!("stream_argmax_{suffix}_t{t}"));
+            for name in streamed.chain(heads) {
+                assert!(ptx.contains(&format!(".entry {name}(")), "{ty}: no {name}");
             }
             for nt in GEMM_TOKENS {
                 for op in ["gemm", "argmax_tiles"] {

@@ -1,5 +1,6 @@
-//! One-token products that stream weight rows through shared memory
-//! (kernels/stream.cu): the decode GEMV and the one-row greedy head. A tile
+//! Products with few x rows that stream weight rows through shared memory
+//! (kernels/stream.cu): the decode GEMV and the greedy head of 1 to 8
+//! hidden rows. A tile
 //! of rows per CTA and step, copied two stages deep with 16-byte
 //! asynchronous copies, the first tile requested before the kernel waits
 //! for the one that writes x.
@@ -12,11 +13,20 @@ use crate::gpu::Gpu;
 use crate::ops::launch;
 use crate::weight::CudaWeight;
 
-/// Rows per warp group of the instantiations (`KILN_STREAM` in stream.cu),
-/// in the order of `TypeKernels::stream_*`.
+/// Rows per warp group of the one-x-row instantiations (`KILN_STREAM` in
+/// stream.cu), in the order of `TypeKernels::stream_matvec` and
+/// `stream_argmax`.
 pub(super) const STREAM_R: [usize; 3] = [1, 2, 4];
-/// Threads of a CTA (`STREAM_WARPS * 32`).
-const THREADS: u32 = 128;
+/// x rows of the several-row heads (`KILN_STREAM_HEAD`), in the order of
+/// `TypeKernels::stream_head`; a launch takes the smallest that holds its
+/// rows.
+pub(super) const STREAM_HEAD_TOKENS: [usize; 3] = [2, 4, 8];
+/// Cells of the heads: a best key per x row, then the finished-CTA count
+/// (`HEAD_MAX_TOKENS + 1`).
+pub(super) const HEAD_CELLS: usize = 9;
+/// Warps and threads of a CTA (`STREAM_WARPS`).
+const WARPS: usize = 4;
+const THREADS: u32 = 32 * WARPS as u32;
 /// Most bytes of one stage (a CTA holds one stage, or two when it takes
 /// several tiles).
 const STAGE_MAX: usize = 24 << 10;
@@ -109,9 +119,17 @@ impl Plan {
     }
 
     /// The head's plan: the largest tiles (a 262,144-row table has
-    /// thousands, so the CTAs' shares still balance).
-    fn argmax(row_bytes: usize, n_rows: usize, sms: usize, smem_per_sm: usize) -> Option<Plan> {
-        Plan::new(row_bytes, n_rows, TILE_ROWS[0], sms, smem_per_sm)
+    /// thousands, so the CTAs' shares still balance); for several x rows,
+    /// one row per warp (the kernels hold every x row's unit in registers).
+    fn argmax(
+        row_bytes: usize,
+        n_rows: usize,
+        n_x: usize,
+        sms: usize,
+        smem_per_sm: usize,
+    ) -> Option<Plan> {
+        let rows = if n_x == 1 { TILE_ROWS[0] } else { WARPS };
+        Plan::new(row_bytes, n_rows, rows, sms, smem_per_sm)
     }
 
     fn config(&self) -> LaunchConfig {
@@ -156,9 +174,10 @@ impl Matmul {
         Ok(true)
     }
 
-    /// `ids[slot] = argmax_r dot(W[r], h[row])` in one kernel (ties and
-    /// non-finite dots as [`Matmul::argmax`]; shapes checked by the
-    /// caller). `Ok(false)` when the rows are too long for a stage.
+    /// `ids[slot + i] = argmax_r dot(W[r], h[row + i])` for `i < n` (1 to 8)
+    /// in one kernel (ties and non-finite dots as [`Matmul::argmax`];
+    /// shapes checked by the caller). `Ok(false)` when the rows are too
+    /// long for a stage or `n` is out of range.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn stream_argmax(
         &self,
@@ -167,19 +186,28 @@ impl Matmul {
         w: &CudaWeight,
         h: &CudaSlice<f32>,
         row: usize,
+        n: usize,
         ids: &mut CudaSlice<u32>,
         slot: usize,
     ) -> Result<bool> {
-        let Some(plan) = Plan::argmax(w.row_bytes, w.rows, self.sms, self.smem_per_sm) else {
+        let Some(plan) = Plan::argmax(w.row_bytes, w.rows, n, self.sms, self.smem_per_sm) else {
             return Ok(false);
+        };
+        let f = match n {
+            1 => &k.stream_argmax[plan.r],
+            _ => match STREAM_HEAD_TOKENS.iter().position(|&t| t >= n) {
+                Some(i) if plan.r == 0 => &k.stream_head[i],
+                _ => return Ok(false),
+            },
         };
         let (rows, cols) = (as_i32("rows", w.rows)?, as_i32("cols", w.cols)?);
         let (tile_rows, slot) = (plan.tile_rows as i32, as_i32("slot", slot)?);
-        // Reads every weight row (never past its end) and x row `row`,
-        // updates the two head cells and writes ids[slot] (checked).
-        launch!(gpu, &k.stream_argmax[plan.r], plan.config(), &format!("argmax on {}", w.name);
+        // Reads every weight row (never past its end) and x rows
+        // row..row+n, updates the head cells (n <= 8 keys and the count)
+        // and writes ids[slot..slot+n] (checked by the caller).
+        launch!(gpu, f, plan.config(), &format!("argmax on {}", w.name);
             gpu.ptr(&w.data, 0), w.row_bytes as u64, end_ptr(gpu, w), rows, cols, tile_rows,
-            plan.stage_bytes as u32, gpu.ptr(h, row * w.cols), gpu.ptr(&self.head_cells, 0),
+            plan.stage_bytes as u32, gpu.ptr(h, row * w.cols), n as i32, gpu.ptr(&self.head_cells, 0),
             gpu.ptr(ids, 0), slot)?;
         Ok(true)
     }
@@ -209,7 +237,7 @@ mod tests {
         assert_eq!((p.tile_rows, p.r), (8, 1));
         // The 262,144-row Q8_0 head: 16-row tiles, two stages, 8 CTAs per
         // SM, each taking the same number of tiles.
-        let p = Plan::argmax(680, 262_144, H200.0, H200.1).unwrap();
+        let p = Plan::argmax(680, 262_144, 1, H200.0, H200.1).unwrap();
         assert_eq!((p.tile_rows, p.r, p.stages), (16, 2, 2));
         assert!(p.stage_bytes >= 15 + 16 * 680 && p.stage_bytes.is_multiple_of(16));
         assert!(
@@ -217,13 +245,16 @@ mod tests {
             "{p:?}"
         );
         // Long rows: fewer per tile, the CTAs limited by shared memory.
-        let p = Plan::argmax(4080, 262_144, H200.0, H200.1).unwrap();
+        let p = Plan::argmax(4080, 262_144, 1, H200.0, H200.1).unwrap();
         assert_eq!((p.tile_rows, p.r), (4, 0));
         assert!(p.ctas * (2 * p.stage_bytes + CTA_RESERVED_SMEM) <= 132 * (228 << 10));
+        // Several x rows: one head row per warp.
+        let p = Plan::argmax(680, 262_144, 8, H200.0, H200.1).unwrap();
+        assert_eq!((p.tile_rows, p.r), (4, 0));
         // Rows longer than a stage: another kernel.
         assert_eq!(Plan::matvec(STAGE_MAX, 10, H200.0, H200.1), None);
         // Fewer rows than a tile.
-        let p = Plan::argmax(680, 5, H200.0, H200.1).unwrap();
+        let p = Plan::argmax(680, 5, 1, H200.0, H200.1).unwrap();
         assert_eq!((p.tile_rows, p.ctas, p.stages), (5, 1, 1));
     }
 }
