@@ -4,7 +4,7 @@
 //
 //   stream_matvec  out[r] = dot(W[row0 + r], x): the decode GEMV.
 //   stream_argmax  ids[slot + t] = the row of the largest dot(W[r], x[t])
-//                  for up to 8 x rows: the greedy LM head, finished by the
+//                  for up to 4 x rows: the greedy LM head, finished by the
 //                  grid's last CTA (no second kernel).
 //
 // A CTA takes tiles of `tile_rows` consecutive rows (tiles blockIdx.x,
@@ -186,8 +186,9 @@ __device__ __forceinline__ void stream_matvec(const u8* __restrict__ w, u64 row_
                          });
 }
 
-// Most x rows of one head launch; cell[HEAD_MAX_TOKENS] counts finished CTAs
-// (STREAM_HEAD_TOKENS in stream.rs).
+// Most x rows any head launch may take (the host uses up to 4:
+// STREAM_HEAD_TOKENS in stream.rs); cell[HEAD_MAX_TOKENS] counts finished
+// CTAs (HEAD_CELLS).
 constexpr int HEAD_MAX_TOKENS = 8;
 
 // ids[slot + t] = the row of the largest dot(W[r], x[t]) (lowest row on
@@ -264,4 +265,3 @@ KILN_STREAM(4)
 
 KILN_STREAM_HEAD(2)
 KILN_STREAM_HEAD(4)
-KILN_STREAM_HEAD(8)

@@ -356,7 +356,7 @@ impl Matmul {
     /// `ids[slot0 + i] = argmax_r dot(W[r], h[row0 + i])` for `i < n`: ties
     /// go to the lowest r, and any non-finite dot gives `u32::MAX` (the
     /// host reports it). Nothing is copied to the host and nothing
-    /// allocated. Up to 8 rows take the streaming kernels (stream.rs), more
+    /// allocated. Up to 4 rows take the streaming kernels (stream.rs), more
     /// the tiled one; both read each head row once for all rows.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn argmax(

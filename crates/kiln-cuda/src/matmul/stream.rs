@@ -1,5 +1,5 @@
 //! Products with few x rows that stream weight rows through shared memory
-//! (kernels/stream.cu): the decode GEMV and the greedy head of 1 to 8
+//! (kernels/stream.cu): the decode GEMV and the greedy head of 1 to 4
 //! hidden rows. A tile
 //! of rows per CTA and step, copied two stages deep with 16-byte
 //! asynchronous copies, the first tile requested before the kernel waits
@@ -19,8 +19,10 @@ use crate::weight::CudaWeight;
 pub(super) const STREAM_R: [usize; 3] = [1, 2, 4];
 /// x rows of the several-row heads (`KILN_STREAM_HEAD`), in the order of
 /// `TypeKernels::stream_head`; a launch takes the smallest that holds its
-/// rows.
-pub(super) const STREAM_HEAD_TOKENS: [usize; 3] = [2, 4, 8];
+/// rows. More rows take the tiled head (skinny.rs): on an H200, 8 rows
+/// over the 262,144 x 640 Q8_0 table took 541 us here (f32 FMAs bound it,
+/// one head row per warp) against the tiled kernel's 363 us.
+pub(super) const STREAM_HEAD_TOKENS: [usize; 2] = [2, 4];
 /// Cells of the heads: a best key per x row, then the finished-CTA count
 /// (`HEAD_MAX_TOKENS + 1`).
 pub(super) const HEAD_CELLS: usize = 9;
@@ -174,7 +176,7 @@ impl Matmul {
         Ok(true)
     }
 
-    /// `ids[slot + i] = argmax_r dot(W[r], h[row + i])` for `i < n` (1 to 8)
+    /// `ids[slot + i] = argmax_r dot(W[r], h[row + i])` for `i < n` (1 to 4)
     /// in one kernel (ties and non-finite dots as [`Matmul::argmax`];
     /// shapes checked by the caller). `Ok(false)` when the rows are too
     /// long for a stage or `n` is out of range.
@@ -203,7 +205,7 @@ impl Matmul {
         let (rows, cols) = (as_i32("rows", w.rows)?, as_i32("cols", w.cols)?);
         let (tile_rows, slot) = (plan.tile_rows as i32, as_i32("slot", slot)?);
         // Reads every weight row (never past its end) and x rows
-        // row..row+n, updates the head cells (n <= 8 keys and the count)
+        // row..row+n, updates the head cells (n <= 4 keys and the count)
         // and writes ids[slot..slot+n] (checked by the caller).
         launch!(gpu, f, plan.config(), &format!("argmax on {}", w.name);
             gpu.ptr(&w.data, 0), w.row_bytes as u64, end_ptr(gpu, w), rows, cols, tile_rows,
