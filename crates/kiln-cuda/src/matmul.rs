@@ -2,7 +2,8 @@
 //! skinny multi-token GEMM, prefill through dequantized chunks and cuBLAS
 //! SGEMM, the embedding gather and the greedy LM head (argmax without
 //! logits); the tiled kernels of batched decode (kernels/skinny.cu) in
-//! `skinny.rs`.
+//! `skinny.rs`, the one-token kernels that stream weights through shared
+//! memory (kernels/stream.cu) in `stream.rs`.
 //!
 //! `matmul.cu` is compiled once per weight type met (NVRTC, on first use:
 //! a model needs two or three of the thirteen), each time with
@@ -13,6 +14,7 @@
 //! reallocated, so a captured graph never points at freed memory.
 
 mod skinny;
+mod stream;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -27,6 +29,7 @@ use crate::gpu::{cuda_err, Gpu, Source};
 use crate::ops::launch;
 use crate::weight::CudaWeight;
 use skinny::{GEMM_MAX_TOKENS, GEMM_TOKENS, SPLIT_FLOATS};
+use stream::{stream_enabled, HEAD_CELLS, STREAM_HEAD_TOKENS, STREAM_R};
 
 /// One [`Source`] per weight type: `matmul.cu` after `quant.cuh`, with
 /// `KILN_WEIGHT` set to the type's decoder (also the kernels' name suffix).
@@ -43,6 +46,7 @@ macro_rules! sources {
                     include_str!("../kernels/quant.cuh"),
                     include_str!("../kernels/matmul.cu"),
                     include_str!("../kernels/skinny.cu"),
+                    include_str!("../kernels/stream.cu"),
                 ),
             },
         )),*]
@@ -112,6 +116,11 @@ struct TypeKernels {
     gemm: Vec<CudaFunction>,
     argmax_tiles: Vec<CudaFunction>,
     split_sum: CudaFunction,
+    /// In [`STREAM_R`] order.
+    stream_matvec: Vec<CudaFunction>,
+    stream_argmax: Vec<CudaFunction>,
+    /// In [`STREAM_HEAD_TOKENS`] order.
+    stream_head: Vec<CudaFunction>,
 }
 
 /// The packed-weight ops of [`crate::CudaBackend`].
@@ -121,8 +130,13 @@ pub(crate) struct Matmul {
     partials: CudaSlice<u64>,
     /// Partial sums of a GEMM split along k.
     split: CudaSlice<f32>,
+    /// The one-kernel heads' running best keys and finished-CTA count
+    /// (zero between launches).
+    head_cells: CudaSlice<u64>,
     /// Streaming multiprocessors of the GPU (split and grid sizes).
     sms: usize,
+    /// Shared memory of one SM in bytes (how many streaming CTAs fit).
+    smem_per_sm: usize,
     /// Dequantized weight rows for SGEMM; allocated on the first prefill
     /// (never during a graph capture), then kept.
     workspace: Mutex<Option<CudaSlice<f32>>>,
@@ -163,16 +177,25 @@ fn as_i32(what: &str, v: usize) -> Result<i32> {
 
 impl Matmul {
     pub(crate) fn new(gpu: &Gpu) -> Result<Self> {
-        use cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT as SMS;
-        let sms = gpu
-            .ctx
-            .attribute(SMS)
-            .map_err(|e| cuda_err("reading the SM count", e))?;
+        use cudarc::driver::sys::CUdevice_attribute::{
+            CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR as SMEM,
+            CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT as SMS,
+        };
+        let attr = |a, what: &str| {
+            let v = gpu
+                .ctx
+                .attribute(a)
+                .map_err(|e| cuda_err(&format!("reading the {what}"), e))?;
+            Ok::<usize, ModelError>(usize::try_from(v).unwrap_or(1).max(1))
+        };
+        let (sms, smem_per_sm) = (attr(SMS, "SM count")?, attr(SMEM, "shared memory per SM")?);
         Ok(Matmul {
             kernels: Mutex::default(),
             partials: gpu.alloc::<u64>(ARGMAX_PARTIALS, "argmax partials")?,
             split: gpu.alloc::<f32>(SPLIT_FLOATS, "split partial sums")?,
-            sms: usize::try_from(sms).unwrap_or(1).max(1),
+            head_cells: gpu.alloc::<u64>(HEAD_CELLS, "argmax head cells")?,
+            sms,
+            smem_per_sm,
             workspace: Mutex::new(None),
         })
     }
@@ -209,6 +232,9 @@ impl Matmul {
         }
         if n_tok > MATVEC_MAX_TOKENS {
             return self.matmul_sgemm(gpu, &k, w, row0, n_rows, x, n_tok, out);
+        }
+        if n_tok == 1 && stream_enabled() && self.stream_matvec(gpu, &k, w, row0, n_rows, x, out)? {
+            return Ok(());
         }
         let shape = match n_tok {
             1 if n_rows < TWO_ROWS_FROM => 0,
@@ -330,8 +356,8 @@ impl Matmul {
     /// `ids[slot0 + i] = argmax_r dot(W[r], h[row0 + i])` for `i < n`: ties
     /// go to the lowest r, and any non-finite dot gives `u32::MAX` (the
     /// host reports it). Nothing is copied to the host and nothing
-    /// allocated. One row takes the GEMV-shaped kernel; several, the tiled
-    /// one, which reads each head row once for all of them.
+    /// allocated. Up to 4 rows take the streaming kernels (stream.rs), more
+    /// the tiled one; both read each head row once for all rows.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn argmax(
         &self,
@@ -352,10 +378,11 @@ impl Matmul {
                 w.name, w.rows
             )));
         }
-        match n {
-            0 => return Ok(()),
-            1 => {}
-            _ => return self.argmax_tiles(gpu, &k, w, h, row0, n, ids, slot0),
+        if n == 0 || (stream_enabled() && self.stream_argmax(gpu, &k, w, h, row0, n, ids, slot0)?) {
+            return Ok(());
+        }
+        if n > 1 {
+            return self.argmax_tiles(gpu, &k, w, h, row0, n, ids, slot0);
         }
         let (row, slot) = (row0, slot0);
         let ctas = w.rows.div_ceil(WARPS * ARGMAX_ROWS).min(ARGMAX_CTAS);
@@ -398,6 +425,12 @@ impl Matmul {
                 .map(|nt| gpu.function(src, &format!("{op}_{suffix}_t{nt}")))
                 .collect::<Result<Vec<_>>>()
         };
+        let streamed = |op: &str| {
+            STREAM_R
+                .iter()
+                .map(|r| gpu.function(src, &format!("{op}_{suffix}_r{r}")))
+                .collect::<Result<Vec<_>>>()
+        };
         let k = Arc::new(TypeKernels {
             matvec: matvec?,
             dequant_rows: get("dequant_rows")?,
@@ -407,6 +440,12 @@ impl Matmul {
             gemm: tiled("gemm")?,
             argmax_tiles: tiled("argmax_tiles")?,
             split_sum: get("gemm_split_sum")?,
+            stream_matvec: streamed("stream_matvec")?,
+            stream_argmax: streamed("stream_argmax")?,
+            stream_head: STREAM_HEAD_TOKENS
+                .iter()
+                .map(|t| gpu.function(src, &format!("stream_argmax_{suffix}_t{t}")))
+                .collect::<Result<Vec<_>>>()?,
         });
         map.insert(w.ty, k.clone());
         Ok(k)
@@ -472,6 +511,15 @@ mod tests {
             let ptx = String::from_utf8_lossy(&ptx);
             for (nt, r) in MATVEC_SHAPES {
                 let name = format!("matvec_{suffix}_t{nt}r{r}");
+                assert!(ptx.contains(&format!(".entry {name}(")), "{ty}: no {name}");
+            }
+            let streamed = STREAM_R.iter().flat_map(|r| {
+                ["stream_matvec", "stream_argmax"].map(|op| format!("{op}_{suffix}_r{r}"))
+            });
+            let heads = STREAM_HEAD_TOKENS
+                .iter()
+                .map(|t| format!("stream_argmax_{suffix}_t{t}"));
+            for name in streamed.chain(heads) {
                 assert!(ptx.contains(&format!(".entry {name}(")), "{ty}: no {name}");
             }
             for nt in GEMM_TOKENS {

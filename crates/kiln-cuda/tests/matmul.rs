@@ -434,9 +434,10 @@ fn argmax_of_several_rows_matches_cpu_with_ties_and_nan() {
     let Some(be) = backend() else { return };
     let mut rng = Rng(29);
     let mut fails = Vec::new();
-    // 67 rows: two token tiles of 64; 9: one padded tile of 16.
+    // 67 rows: two token tiles of 64; 9: one padded tile of 16; 5: one
+    // padded tile of 8; 2 and 3: the streaming heads of 2 and 4 rows.
     for ty in TYPES {
-        for (rows, n) in [(300, 67), (20_000, 9)] {
+        for (rows, n) in [(300, 67), (20_000, 9), (20_000, 5), (300, 2), (20_000, 3)] {
             let mut w = random_weight(&be, ty, rows, &mut rng);
             let (cols, row0) = (w.cols, 2);
             let h = rng.floats((row0 + n) * cols, 1.0);
@@ -479,6 +480,36 @@ fn argmax_of_several_rows_matches_cpu_with_ties_and_nan() {
                 Ok(ids) if ids.iter().all(|&id| id == u32::MAX) => {}
                 other => fails.push(format!("{ty} {rows} rows x {n} with a NaN row: {other:?}")),
             }
+        }
+    }
+    report(fails);
+}
+
+/// One-token products at the edges of the streaming kernels' plans (tile
+/// sizes in src/matmul/stream.rs): rows so long that a tile holds 4 of
+/// them, and 4500 rows make more tiles than an H200 holds CTAs at once
+/// (CTAs then take two, the second copied while the first is computed);
+/// rows longer than a 24 KiB stage, which take the register-only kernels.
+#[test]
+fn one_token_products_stream_many_tiles_or_fall_back() {
+    let Some(be) = backend() else { return };
+    let mut rng = Rng(31);
+    let mut fails = Vec::new();
+    for (ty, rows, cols) in [(GgmlType::Q4K, 4500, 8192), (GgmlType::F32, 70, 6400)] {
+        let bytes = pack(ty, &rng.floats(rows * cols, 1.0), &mut rng);
+        let w = upload(&be, ty, rows, cols, bytes);
+        fails.extend(check_matmul(&be, &w, 0, rows, 1, &mut rng));
+        fails.extend(check_matmul(&be, &w, 3, rows - 5, 1, &mut rng));
+        let h = rng.floats(2 * cols, 1.0);
+        let w_rows: Vec<Vec<f32>> = (0..rows).map(|r| w.row(r)).collect();
+        match argmax_ids(&be, &w, &h, 1..2) {
+            Ok(ids) => fails.extend(check_argmax(
+                &format!("{ty} {rows}x{cols} head"),
+                &w_rows,
+                &h[cols..],
+                ids[0],
+            )),
+            Err(e) => fails.push(format!("{ty} {rows}x{cols} head: {e}")),
         }
     }
     report(fails);

@@ -1,0 +1,262 @@
+//! Products with few x rows that stream weight rows through shared memory
+//! (kernels/stream.cu): the decode GEMV and the greedy head of 1 to 4
+//! hidden rows. A tile
+//! of rows per CTA and step, copied two stages deep with 16-byte
+//! asynchronous copies, the first tile requested before the kernel waits
+//! for the one that writes x.
+
+use cudarc::driver::{CudaSlice, LaunchConfig};
+use kiln_model::Result;
+
+use super::{as_i32, Matmul, TypeKernels};
+use crate::gpu::Gpu;
+use crate::ops::launch;
+use crate::weight::CudaWeight;
+
+/// Rows per warp group of the one-x-row instantiations (`KILN_STREAM` in
+/// stream.cu), in the order of `TypeKernels::stream_matvec` and
+/// `stream_argmax`.
+pub(super) const STREAM_R: [usize; 3] = [1, 2, 4];
+/// x rows of the several-row heads (`KILN_STREAM_HEAD`), in the order of
+/// `TypeKernels::stream_head`; a launch takes the smallest that holds its
+/// rows. More rows take the tiled head (skinny.rs): on an H200, 8 rows
+/// over the 262,144 x 640 Q8_0 table took 541 us here (f32 FMAs bound it,
+/// one head row per warp) against the tiled kernel's 363 us.
+pub(super) const STREAM_HEAD_TOKENS: [usize; 2] = [2, 4];
+/// Cells of the heads: a best key per x row, then the finished-CTA count
+/// (`HEAD_MAX_TOKENS + 1`).
+pub(super) const HEAD_CELLS: usize = 9;
+/// Warps and threads of a CTA (`STREAM_WARPS`).
+const WARPS: usize = 4;
+const THREADS: u32 = 32 * WARPS as u32;
+/// Most bytes of one stage (a CTA holds one stage, or two when it takes
+/// several tiles).
+const STAGE_MAX: usize = 24 << 10;
+/// Shared memory the driver keeps per CTA, and the most CTAs per SM.
+const CTA_RESERVED_SMEM: usize = 1 << 10;
+const MAX_CTAS_PER_SM: usize = 8;
+/// A GEMV is cut into about this many tiles per SM: short matrices give
+/// every SM work, and a warp computes at most one group of rows.
+const GEMV_TILES_PER_SM: usize = 4;
+/// Rows per tile the warps split evenly: up to one row each, else one
+/// group of R = 2 or 4 rows each.
+const TILE_ROWS: [usize; 6] = [16, 8, 4, 3, 2, 1];
+
+/// `KILN_CUDA_STREAM=0` sends one-token products to the register-only
+/// kernels of matmul.cu instead (for A/B timing).
+pub(super) fn stream_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("KILN_CUDA_STREAM").map_or(true, |v| v.trim() != "0"))
+}
+
+/// A launch of a stream kernel: rows per tile, the index into
+/// [`STREAM_R`], bytes per stage, stages per CTA and CTAs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Plan {
+    tile_rows: usize,
+    r: usize,
+    stage_bytes: usize,
+    stages: usize,
+    ctas: usize,
+}
+
+impl Plan {
+    /// Tiles of about `want_rows` rows of `row_bytes` (the largest of
+    /// [`TILE_ROWS`] at most that, or the first that fits a stage) over
+    /// `n_rows` rows, on as many CTAs as the GPU holds at once
+    /// (`sms`, `smem_per_sm`), each taking the same number of tiles where
+    /// it can; `None` when one row does not fit a stage.
+    fn new(
+        row_bytes: usize,
+        n_rows: usize,
+        want_rows: usize,
+        sms: usize,
+        smem_per_sm: usize,
+    ) -> Option<Plan> {
+        // A tile starts up to 15 bytes past its stage's 16-byte boundary.
+        let fits = |rows: usize| rows * row_bytes + 15 <= STAGE_MAX;
+        let tile_rows = TILE_ROWS
+            .into_iter()
+            .find(|&r| r <= want_rows.max(1) && fits(r))?
+            .min(n_rows);
+        if tile_rows == 0 {
+            return None;
+        }
+        let stage_bytes = (tile_rows * row_bytes + 15).next_multiple_of(16);
+        let tiles = n_rows.div_ceil(tile_rows);
+        // One stage per CTA when every CTA takes one tile, else two.
+        let resident = |stages: usize| {
+            sms * (smem_per_sm / (stages * stage_bytes + CTA_RESERVED_SMEM))
+                .clamp(1, MAX_CTAS_PER_SM)
+        };
+        let (stages, rounds) = if tiles <= resident(1) {
+            (1, 1)
+        } else {
+            (2, tiles.div_ceil(resident(2)))
+        };
+        let r = match tile_rows {
+            16 => 2,
+            8 => 1,
+            _ => 0,
+        };
+        Some(Plan {
+            tile_rows,
+            r,
+            stage_bytes,
+            stages,
+            ctas: tiles.div_ceil(rounds),
+        })
+    }
+
+    /// The GEMV's plan: tiles short enough that every SM gets several.
+    fn matvec(row_bytes: usize, n_rows: usize, sms: usize, smem_per_sm: usize) -> Option<Plan> {
+        let want = n_rows.div_ceil(GEMV_TILES_PER_SM * sms);
+        // Rounded up to whole groups: 5 rows take a tile of 8.
+        let want = TILE_ROWS
+            .into_iter()
+            .rev()
+            .find(|&r| r >= want)
+            .unwrap_or(TILE_ROWS[0]);
+        Plan::new(row_bytes, n_rows, want, sms, smem_per_sm)
+    }
+
+    /// The head's plan: the largest tiles (a 262,144-row table has
+    /// thousands, so the CTAs' shares still balance); for several x rows,
+    /// one row per warp (the kernels hold every x row's unit in registers).
+    fn argmax(
+        row_bytes: usize,
+        n_rows: usize,
+        n_x: usize,
+        sms: usize,
+        smem_per_sm: usize,
+    ) -> Option<Plan> {
+        let rows = if n_x == 1 { TILE_ROWS[0] } else { WARPS };
+        Plan::new(row_bytes, n_rows, rows, sms, smem_per_sm)
+    }
+
+    fn config(&self) -> LaunchConfig {
+        LaunchConfig {
+            grid_dim: (self.ctas as u32, 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: (self.stages * self.stage_bytes) as u32,
+        }
+    }
+}
+
+/// The device address one past the weight's last byte.
+fn end_ptr(gpu: &Gpu, w: &CudaWeight) -> u64 {
+    gpu.ptr(&w.data, w.rows * w.row_bytes)
+}
+
+impl Matmul {
+    /// `out[r] = Σ_c x[c] · W[row0 + r, c]` for `r < n_rows` (shapes checked
+    /// by the caller). `Ok(false)` when the rows are too long for a stage
+    /// (the caller takes another kernel).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn stream_matvec(
+        &self,
+        gpu: &Gpu,
+        k: &TypeKernels,
+        w: &CudaWeight,
+        row0: usize,
+        n_rows: usize,
+        x: &CudaSlice<f32>,
+        out: &mut CudaSlice<f32>,
+    ) -> Result<bool> {
+        let Some(plan) = Plan::matvec(w.row_bytes, n_rows, self.sms, self.smem_per_sm) else {
+            return Ok(false);
+        };
+        let (row0, rows) = (as_i32("row0", row0)?, as_i32("rows", n_rows)?);
+        let (cols, tile_rows) = (as_i32("cols", w.cols)?, plan.tile_rows as i32);
+        // Reads rows row0..row0+n_rows of the weight (never past its end),
+        // cols values of x and writes n_rows of out (checked by the caller).
+        launch!(gpu, &k.stream_matvec[plan.r], plan.config(), &format!("stream_matvec on {}", w.name);
+            gpu.ptr(&w.data, 0), w.row_bytes as u64, end_ptr(gpu, w), row0, rows, cols, tile_rows,
+            plan.stage_bytes as u32, gpu.ptr(x, 0), gpu.ptr(out, 0))?;
+        Ok(true)
+    }
+
+    /// `ids[slot + i] = argmax_r dot(W[r], h[row + i])` for `i < n` (1 to 4)
+    /// in one kernel (ties and non-finite dots as [`Matmul::argmax`];
+    /// shapes checked by the caller). `Ok(false)` when the rows are too
+    /// long for a stage or `n` is out of range.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn stream_argmax(
+        &self,
+        gpu: &Gpu,
+        k: &TypeKernels,
+        w: &CudaWeight,
+        h: &CudaSlice<f32>,
+        row: usize,
+        n: usize,
+        ids: &mut CudaSlice<u32>,
+        slot: usize,
+    ) -> Result<bool> {
+        let Some(plan) = Plan::argmax(w.row_bytes, w.rows, n, self.sms, self.smem_per_sm) else {
+            return Ok(false);
+        };
+        let f = match n {
+            1 => &k.stream_argmax[plan.r],
+            _ => match STREAM_HEAD_TOKENS.iter().position(|&t| t >= n) {
+                Some(i) if plan.r == 0 => &k.stream_head[i],
+                _ => return Ok(false),
+            },
+        };
+        let (rows, cols) = (as_i32("rows", w.rows)?, as_i32("cols", w.cols)?);
+        let (tile_rows, slot) = (plan.tile_rows as i32, as_i32("slot", slot)?);
+        // Reads every weight row (never past its end) and x rows
+        // row..row+n, updates the head cells (n <= 4 keys and the count)
+        // and writes ids[slot..slot+n] (checked by the caller).
+        launch!(gpu, f, plan.config(), &format!("argmax on {}", w.name);
+            gpu.ptr(&w.data, 0), w.row_bytes as u64, end_ptr(gpu, w), rows, cols, tile_rows,
+            plan.stage_bytes as u32, gpu.ptr(h, row * w.cols), n as i32, gpu.ptr(&self.head_cells, 0),
+            gpu.ptr(ids, 0), slot)?;
+        Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An H200: 132 SMs of 228 KiB.
+    const H200: (usize, usize) = (132, 228 << 10);
+
+    fn matvec(row_bytes: usize, n_rows: usize) -> Plan {
+        Plan::matvec(row_bytes, n_rows, H200.0, H200.1).unwrap()
+    }
+
+    #[test]
+    fn plans_fill_the_gpu_and_fit_their_stages() {
+        // 270M ffn_down (640 rows of 2048 Q4_K): 2-row tiles, one each.
+        let p = matvec(1152, 640);
+        assert_eq!((p.tile_rows, p.r, p.stages, p.ctas), (2, 0, 1, 320));
+        // 1B gate/up (13,824 rows of 1152 Q5_0): 16-row tiles, R = 4.
+        let p = matvec(792, 13_824);
+        assert_eq!((p.tile_rows, p.r, p.stages, p.ctas), (16, 2, 1, 864));
+        // 5 rows a tile wanted: a whole group of 8.
+        let p = matvec(1152, 2600);
+        assert_eq!((p.tile_rows, p.r), (8, 1));
+        // The 262,144-row Q8_0 head: 16-row tiles, two stages, 8 CTAs per
+        // SM, each taking the same number of tiles.
+        let p = Plan::argmax(680, 262_144, 1, H200.0, H200.1).unwrap();
+        assert_eq!((p.tile_rows, p.r, p.stages), (16, 2, 2));
+        assert!(p.stage_bytes >= 15 + 16 * 680 && p.stage_bytes.is_multiple_of(16));
+        assert!(
+            p.ctas <= 8 * 132 && 16_384usize.is_multiple_of(p.ctas),
+            "{p:?}"
+        );
+        // Long rows: fewer per tile, the CTAs limited by shared memory.
+        let p = Plan::argmax(4080, 262_144, 1, H200.0, H200.1).unwrap();
+        assert_eq!((p.tile_rows, p.r), (4, 0));
+        assert!(p.ctas * (2 * p.stage_bytes + CTA_RESERVED_SMEM) <= 132 * (228 << 10));
+        // Several x rows: one head row per warp.
+        let p = Plan::argmax(680, 262_144, 8, H200.0, H200.1).unwrap();
+        assert_eq!((p.tile_rows, p.r), (4, 0));
+        // Rows longer than a stage: another kernel.
+        assert_eq!(Plan::matvec(STAGE_MAX, 10, H200.0, H200.1), None);
+        // Fewer rows than a tile.
+        let p = Plan::argmax(680, 5, 1, H200.0, H200.1).unwrap();
+        assert_eq!((p.tile_rows, p.ctas, p.stages), (5, 1, 1));
+    }
+}
