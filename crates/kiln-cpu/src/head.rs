@@ -8,12 +8,14 @@
 //! ascending vocab order, so every pick equals [`matmul::argmax`]'s. Other
 //! types (and a hidden row the screen refuses) take the exact path.
 //!
-//! Without VNNI the screen costs as much per (weight block, row) as the
-//! f32 GEMM (`pmaddubsw` + `pmaddwd` + scaling, ~2 cycles per 32 products
-//! either way; measured on a 2-core AVX2 AMD EPYC, real 270M: 16 rows
-//! 135 ms per step screened vs 124.5 ms through the logits, one row 18-19
-//! ms vs 17-18 ms through the integer GEMV), so there the logits are
-//! computed whole and scanned, which picks the same ids.
+//! Without VNNI the batch screen costs as much per (weight block, row) as
+//! the f32 GEMM (`pmaddubsw` + `pmaddwd` + scaling, ~2 cycles per 32
+//! products either way; measured on a 2-core AVX2 AMD EPYC, real 270M: 16
+//! rows 135 ms per step screened vs 124.5 ms through the logits), so there
+//! a batch's logits are computed whole and scanned, which picks the same
+//! ids. A lone row is screened on every level: one int8 plane per block
+//! against the integer GEMV's three (AVX2, one thread, 262,144 Q8_0 rows
+//! in cache: 20 vs 13 GB/s).
 
 use std::cell::RefCell;
 
@@ -58,8 +60,8 @@ struct Batch {
 
 /// The backend's greedy head: `ids[t]` for hidden row `t` of `h`; a row
 /// with a non-finite logit gets `u32::MAX`, or, when it is the only row,
-/// the error naming that logit. A lone row on a CPU with VNNI takes the
-/// one-row screen (`matmul::argmax_screened`); `exact` skips every screen.
+/// the error naming that logit. A lone row takes the one-row screen
+/// (`matmul::argmax_screened`); `exact` skips every screen.
 pub(crate) fn argmax_ids(
     par: &Par,
     isa: Isa,
@@ -70,7 +72,7 @@ pub(crate) fn argmax_ids(
 ) -> Result<()> {
     PICKS.with(|p| {
         let mut picks = p.borrow_mut();
-        if ids.len() == 1 && (exact || screen_pays(isa)) {
+        if ids.len() == 1 {
             let screened = if exact {
                 None
             } else {

@@ -8,8 +8,9 @@ mod buf;
 mod head;
 mod matmul;
 mod par;
+pub mod profile;
+mod rope;
 
-use std::cell::RefCell;
 use std::sync::Arc;
 
 use kiln_gguf::Gguf;
@@ -22,25 +23,6 @@ use crate::par::Par;
 
 /// Elements below which an elementwise op is not worth a fork/join.
 const PAR_MIN_ELEMS: usize = 1 << 14;
-
-thread_local! {
-    /// A RoPE task's running `(cos, sin)` per pair.
-    static ROPE_CS: RefCell<Vec<(f64, f64)>> = const { RefCell::new(Vec::new()) };
-    /// The caller's RoPE inverse frequencies with the `(cos, sin)` of one
-    /// position step, and the config they are for.
-    static ROPE_INV: RefCell<(Option<RopeConfig>, Vec<RopePair>)> = const { RefCell::new((None, Vec::new())) };
-}
-
-/// Tokens per RoPE task (see `CpuBackend::rope`).
-const ROPE_TOKENS: usize = 16;
-
-/// One RoPE pair: inverse frequency and the `(cos, sin)` of one position.
-#[derive(Clone, Copy)]
-struct RopePair {
-    f: f64,
-    cos: f64,
-    sin: f64,
-}
 
 /// A packed matrix bound by tensor name in a mapped GGUF file.
 pub struct CpuWeight {
@@ -144,6 +126,10 @@ impl CpuBackend {
         softcap: Option<f32>,
         out: &mut [f32],
     ) -> Result<()> {
+        let _p = profile::op(
+            || format!("lm_head {} {}x{} n={n_tok}", w.ty, w.rows, w.cols),
+            (w.rows * w.row_bytes) as u64,
+        );
         check_w("lm_head", &w.name, "input", n_tok * w.cols, h.len())?;
         check_w("lm_head", &w.name, "output", n_tok * w.rows, out.len())?;
         // Softcap fused per task, on outputs still in cache.
@@ -275,6 +261,7 @@ impl Backend for CpuBackend {
         scale: f32,
         out: &mut CpuBuf,
     ) -> Result<()> {
+        let _p = profile::op(|| "embed".into(), 0);
         check("embed ids", n_tok, step.input.tokens.len())?;
         let ids = &step.input.tokens[..n_tok];
         let cols = table.cols;
@@ -316,6 +303,13 @@ impl Backend for CpuBackend {
                 w.rows
             )));
         }
+        let _p = profile::op(
+            || {
+                let kind = if n_tok == 1 { "gemv" } else { "gemm" };
+                format!("{kind} {} {}x{}", w.ty, n_rows, w.cols)
+            },
+            (n_rows * w.row_bytes) as u64,
+        );
         check_w("matmul", &w.name, "input", n_tok * w.cols, x.len())?;
         check_w("matmul", &w.name, "output", n_tok * n_rows, out.len())?;
         matmul::matmul(&self.par, self.isa, w, row0, n_rows, x, n_tok, out, None)
@@ -329,6 +323,7 @@ impl Backend for CpuBackend {
         w: Option<&CpuBuf>,
         eps: f32,
     ) -> Result<()> {
+        let _p = profile::op(|| format!("rms_norm x{dim}"), 0);
         check("rms_norm", n_groups * dim, x.len())?;
         if let Some(w) = w {
             check("rms_norm weight", dim, w.len())?;
@@ -366,72 +361,12 @@ impl Backend for CpuBackend {
         step: &CpuStep,
         rope: &RopeConfig,
     ) -> Result<()> {
+        let _p = profile::op(|| "rope".into(), 0);
         let row = n_heads * head_dim;
         check("rope", n_tok * row, x.len())?;
         check("rope positions", n_tok, step.input.positions.len())?;
         let pos = &step.input.positions[..n_tok];
-        let half = rope.n_rot / 2;
-        if half == 0 {
-            return Ok(());
-        }
-        // Per-pair inverse frequencies, in f64 (angles reach 1e5 radians),
-        // computed once per RoPE config (a model has one or two).
-        let inv = ROPE_INV.with(|c| {
-            let mut c = c.borrow_mut();
-            if c.0.as_ref() != Some(rope) || c.1.len() != half {
-                c.1.clear();
-                c.1.extend((0..half).map(|i| {
-                    let f = f64::from(rope.base).powf(-2.0 * i as f64 / rope.n_rot as f64)
-                        * f64::from(rope.freq_scale);
-                    let f = match &rope.freq_factors {
-                        Some(ff) => f / f64::from(ff.get(i).copied().unwrap_or(1.0)),
-                        None => f,
-                    };
-                    let (sin, cos) = f.sin_cos();
-                    RopePair { f, cos, sin }
-                }));
-                c.0 = Some(rope.clone());
-            }
-            // Swapped out so the tasks can read it while other threads
-            // keep their own cells; put back below.
-            std::mem::take(&mut c.1)
-        });
-        // Each task takes the exact angles of its first token, then
-        // rotates by one position step per token: f64 drifts ~1e-16 per
-        // step, far below the f32 the values are stored in, and saves
-        // ROPE_TOKENS - 1 of every ROPE_TOKENS `sin_cos` calls. A row that
-        // does not follow its predecessor (the next sequence of a batch)
-        // takes exact angles again.
-        self.par
-            .chunks_mut(&mut x[..n_tok * row], ROPE_TOKENS * row, |ci, block| {
-                let t0 = ci * ROPE_TOKENS;
-                ROPE_CS.with(|cs| {
-                    let mut cs = cs.borrow_mut();
-                    for (j, r) in block.chunks_mut(row).enumerate() {
-                        let p = pos[t0 + j];
-                        if j == 0 || p != pos[t0 + j - 1].wrapping_add(1) {
-                            cs.clear();
-                            cs.extend(inv.iter().map(|pair| {
-                                let (s, c) = (f64::from(p) * pair.f).sin_cos();
-                                (c, s)
-                            }));
-                        } else {
-                            for ((c, s), p) in cs.iter_mut().zip(&inv) {
-                                (*c, *s) = (*c * p.cos - *s * p.sin, *s * p.cos + *c * p.sin);
-                            }
-                        }
-                        for h in r.chunks_mut(head_dim) {
-                            for (i, &(c, s)) in cs.iter().enumerate() {
-                                let (c, s) = (c as f32, s as f32);
-                                let (a, b) = (h[i], h[i + half]);
-                                h[i] = a * c - b * s;
-                                h[i + half] = a * s + b * c;
-                            }
-                        }
-                    }
-                });
-            });
-        ROPE_INV.with(|c| c.borrow_mut().1 = inv);
+        rope::rope(&self.par, &mut x[..n_tok * row], head_dim, pos, rope);
         Ok(())
     }
 
@@ -445,6 +380,7 @@ impl Backend for CpuBackend {
         _step: &CpuStep,
         out: &mut CpuBuf,
     ) -> Result<()> {
+        let _p = profile::op(|| "attention".into(), 0);
         let hd = p.head_dim;
         let qd = p.n_head * hd;
         let kvd = p.n_kv_head * hd;
@@ -489,6 +425,7 @@ impl Backend for CpuBackend {
     }
 
     fn gelu_mul(&self, gate: &mut CpuBuf, up: &CpuBuf, n: usize) -> Result<()> {
+        let _p = profile::op(|| "gelu_mul".into(), 0);
         check("gelu_mul", n, gate.len().min(up.len()))?;
         let isa = self.isa;
         const CHUNK: usize = PAR_MIN_ELEMS;
@@ -499,12 +436,14 @@ impl Backend for CpuBackend {
     }
 
     fn add(&self, x: &mut CpuBuf, y: &CpuBuf, n: usize) -> Result<()> {
+        let _p = profile::op(|| "add".into(), 0);
         check("add", n, x.len().min(y.len()))?;
         x[..n].iter_mut().zip(&y[..n]).for_each(|(a, &b)| *a += b);
         Ok(())
     }
 
     fn scale(&self, x: &mut CpuBuf, s: f32, n: usize) -> Result<()> {
+        let _p = profile::op(|| "scale".into(), 0);
         check("scale", n, x.len())?;
         x[..n].iter_mut().for_each(|a| *a *= s);
         Ok(())
@@ -523,6 +462,7 @@ impl Backend for CpuBackend {
         alpha: f32,
         accumulate: bool,
     ) -> Result<()> {
+        let _p = profile::op(|| "copy_strided".into(), 0);
         if rows == 0 || len == 0 {
             return Ok(());
         }
@@ -549,6 +489,7 @@ impl Backend for CpuBackend {
     }
 
     fn softcap(&self, x: &mut CpuBuf, c: f32, n: usize) -> Result<()> {
+        let _p = profile::op(|| "softcap".into(), 0);
         check("softcap", n, x.len())?;
         let isa = self.isa;
         self.par.chunks_mut(&mut x[..n], PAR_MIN_ELEMS, |_, ch| {
@@ -588,6 +529,18 @@ impl Backend for CpuBackend {
         rows: std::ops::Range<usize>,
         step: &mut CpuStep,
     ) -> Result<()> {
+        let _p = profile::op(
+            || {
+                format!(
+                    "argmax_head {} {}x{} n={}",
+                    w.ty,
+                    w.rows,
+                    w.cols,
+                    rows.len()
+                )
+            },
+            (w.rows * w.row_bytes) as u64,
+        );
         check("argmax_head", rows.end * w.cols, h.len())?;
         check("argmax_head id", rows.end, step.ids.len())?;
         let h = &h[rows.start * w.cols..rows.end * w.cols];

@@ -192,3 +192,68 @@ fn kv_memory_for_1500_tokens() {
         .reserve(m.backend(), m.config.context_length + 1)
         .is_err());
 }
+
+/// The decode path (one token per step: the integer GEMV on int8
+/// activation planes, the decode attention) against the exact f64
+/// reference: every position of capital_france decoded token by token
+/// (all 262,144 logits), and each logits.json prompt's last token decoded
+/// after a prefill of the rest (its exact top-20; all logits for
+/// long_gt512, past the sliding window). The bound is the exactness
+/// budget every path keeps: 1e-3 (issue 12).
+#[test]
+fn decode_logits_match_exact_reference() {
+    const BOUND: f32 = 1e-3;
+    let m = load(&real_model());
+    let decode_last = |tokens: &[u32]| {
+        let (prompt, last) = tokens.split_at(tokens.len() - 1);
+        let mut cache = m.new_cache().unwrap();
+        let mut s = m.new_scratch(prompt.len().max(1)).unwrap();
+        let mut out = Vec::new();
+        if !prompt.is_empty() {
+            m.forward(prompt, &mut cache, &mut s, Output::LastHidden, &mut out)
+                .unwrap();
+        }
+        m.forward(last, &mut cache, &mut s, Output::LastLogits, &mut out)
+            .unwrap();
+        out
+    };
+
+    let tokens = [2u32, 818, 5279, 529, 7001, 563];
+    let (shape, want) = read_npy("logits_exactf64_capital_france_allpos.npy");
+    let vocab = shape[1];
+    let mut cache = m.new_cache().unwrap();
+    let mut s = m.new_scratch(1).unwrap();
+    let mut got = Vec::new();
+    let mut worst = 0.0f32;
+    for (p, &t) in tokens.iter().enumerate() {
+        m.forward(&[t], &mut cache, &mut s, Output::LastLogits, &mut got)
+            .unwrap();
+        let (d, _) = max_diff(&got, &want[p * vocab..(p + 1) * vocab]);
+        assert_eq!(argmax(&got), argmax(&want[p * vocab..(p + 1) * vocab]));
+        worst = worst.max(d);
+    }
+    println!("capital_france decoded token by token: max|kiln - exact| {worst:.2e}");
+    assert!(worst <= BOUND, "capital_france decode: {worst}");
+
+    let j = json(&refdata("logits.json"));
+    for item in j["items"].as_array().unwrap() {
+        let name = item["name"].as_str().unwrap();
+        let got = decode_last(&ids(&item["prompt_ids"]));
+        let exact = top20(&item["configs"]["exact_f64_numpy"]["last_position_top20"]);
+        let err = exact
+            .iter()
+            .map(|&(id, z)| (got[id] - z).abs())
+            .fold(0.0f32, f32::max);
+        let all = (name == "long_gt512").then(|| {
+            let (_, want) = read_npy("logits_exactf64_long_gt512_last.npy");
+            max_diff(&got, &want).0
+        });
+        let all_s = all.map_or(String::new(), |d| format!(", all 262,144: {d:.2e}"));
+        println!("{name} last token decoded: top-20 max|kiln - exact| {err:.2e}{all_s}");
+        assert!(
+            err <= BOUND && all.is_none_or(|d| d <= BOUND),
+            "{name}: {err} {all:?}"
+        );
+        assert_eq!(argmax(&got), exact[0].0, "{name} top-1");
+    }
+}

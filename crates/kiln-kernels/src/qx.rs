@@ -38,6 +38,8 @@ pub struct QuantX {
     pub(crate) lane_d: Vec<f32>,
     /// Exact f32 sum of each lane's 4 values.
     pub(crate) lane_sum: Vec<f32>,
+    /// f32 sum of each block's 32 values (the K-quants' per-group mins).
+    pub(crate) group_sum: Vec<f32>,
 }
 
 impl QuantX {
@@ -54,6 +56,7 @@ impl QuantX {
         }
         self.lane_d.clear();
         self.lane_sum.clear();
+        self.group_sum.clear();
         if !x.len().is_multiple_of(32) || x.iter().any(|v| !v.is_finite()) {
             return false;
         }
@@ -84,8 +87,10 @@ impl QuantX {
                 }
                 self.lane_d.extend([d / (S * S); 8]);
             }
+            let lanes = self.lane_sum.len();
             self.lane_sum
                 .extend(xb.chunks_exact(4).map(|l| (l[0] + l[1]) + (l[2] + l[3])));
+            self.group_sum.push(self.lane_sum[lanes..].iter().sum());
         }
         self.k = k;
         true

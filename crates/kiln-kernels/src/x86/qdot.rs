@@ -1,138 +1,128 @@
 //! Integer GEMV: packed weight bytes against the three int8 planes of a
 //! [`QuantX`] (see `crate::qx` for the math and its error bound).
 //!
-//! Every supported type is decoded 32 weights at a time into a [`Group`]:
-//! 32 integer codes `u` (unsigned, or signed for Q8_0) with `w = s·u + o`
-//! per half of 16. Per 4-weight lane `j` the planes give
+//! Every supported type is decoded 32 weights at a time: 32 integer codes
+//! `u` (unsigned, or signed for Q8_0) with `w = s·(u + c)` per half of 16,
+//! `c` a constant of the type, or for Q4_K/Q5_K `w = s·u − m` with one
+//! `m` per group. Per 4-weight lane the planes give
 //! `Σ u·x ≈ d_b/S² · (S²·H + S·M + L)` from three integer dots, so
-//! `y = Σ_j s_j · d_j · v_j + Σ_j o_j · sum_j` (the offset term uses the
-//! exact lane sums of `x`). AVX2 multiplies with `pmaddubsw` (no i16
-//! saturation: codes are below 64, or `|q| · sign` for Q8_0); AVX-512
-//! VNNI decodes two groups per `vpdpbusd` (signed codes shifted by 128,
-//! the shift folded into the offset).
+//! `y = Σ s · d_b/S² · (S²·H + S·M + L) + c · Σ s · sum(x)` (the offset
+//! term uses the exact sums of `x`, per lane or per group).
+//!
+//! AVX2 multiplies with `pmaddubsw` (no i16 saturation: codes are below
+//! 64, or `|q| · sign` for Q8_0) and folds `S·H + M` in integers
+//! (`pmaddwd` by `S`, exact: below 2^24), so each group costs two
+//! conversions and three FMAs. AVX-512 VNNI ([`vnni`]) decodes two groups
+//! per `vpdpbusd`.
 
 use core::arch::x86_64::*;
 
-use kiln_quant::block::scale_min_k4;
 use kiln_quant::GgmlType;
 
 use crate::qx::{QuantX, S};
 
-/// 32 weights: codes and, per half of 16, scale and offset.
-#[derive(Clone, Copy)]
-struct Group {
-    u: __m256i,
-    s: [f32; 2],
-    o: [f32; 2],
-}
-
-/// 64 weights (groups `gi`, `gi + 1`) for `vpdpbusd`: unsigned codes and
-/// per-lane (4 weights) scale and offset.
-#[derive(Clone, Copy)]
-struct Pair {
-    u: __m512i,
-    s: __m512,
-    o: __m512,
-}
-
-/// Spreads the 32 bits of `bits` to bytes: `val` where set, else 0.
-trait Bits: Copy {
-    /// # Safety
-    /// The implementing level's features must be enabled.
-    unsafe fn bytes(self, bits: u32, val: i8) -> __m256i;
-}
-
-/// Shuffle + compare (AVX2 has no byte masks).
-#[derive(Clone, Copy)]
-struct Avx2Bits;
-
-impl Bits for Avx2Bits {
-    #[inline(always)]
-    unsafe fn bytes(self, bits: u32, val: i8) -> __m256i {
-        // SAFETY: AVX2 per the trait contract.
-        unsafe {
-            // Byte j takes byte j / 8 of `bits`, then tests bit j % 8.
-            let spread = _mm256_shuffle_epi8(
-                _mm256_set1_epi32(bits as i32),
-                _mm256_set_epi64x(
-                    0x0303_0303_0303_0303,
-                    0x0202_0202_0202_0202,
-                    0x0101_0101_0101_0101,
-                    0,
-                ),
-            );
-            let probe = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
-            let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, probe), probe);
-            _mm256_and_si256(set, _mm256_set1_epi8(val))
+/// Runs `$body` with `$B` naming the decoder of `$ty`, else `$other`.
+macro_rules! by_qtype {
+    ($ty:expr, $B:ident => $body:expr, _ => $other:expr) => {
+        match $ty {
+            GgmlType::Q4_0 => {
+                type $B = Q40;
+                $body
+            }
+            GgmlType::Q5_0 => {
+                type $B = Q50;
+                $body
+            }
+            GgmlType::Q8_0 => {
+                type $B = Q80;
+                $body
+            }
+            GgmlType::Q4K => {
+                type $B = Q4K;
+                $body
+            }
+            GgmlType::Q5K => {
+                type $B = Q5K;
+                $body
+            }
+            GgmlType::Q6K => {
+                type $B = Q6K;
+                $body
+            }
+            _ => $other,
         }
-    }
+    };
 }
 
-/// One masked move (AVX-512 BW + VL).
-#[derive(Clone, Copy)]
-struct MaskBits;
+mod vnni;
 
-impl Bits for MaskBits {
-    #[inline(always)]
-    unsafe fn bytes(self, bits: u32, val: i8) -> __m256i {
-        // SAFETY: AVX-512 BW/VL per the trait contract.
-        unsafe { _mm256_maskz_set1_epi8(bits, val) }
-    }
-}
+pub(super) use vnni::gemv_vnni;
 
-/// A packed format decoded 32 weights at a time.
+/// A packed format as the AVX2 kernel decodes it: per block a header
+/// (scales), then 32 codes per group.
 trait QBlock {
     const BYTES: usize;
     /// Groups of 32 per block.
     const GROUPS: usize;
     /// Codes are signed bytes (`s·q`, no offset).
     const SIGNED: bool;
-    /// Group `g` of the block at `b`.
-    ///
-    /// # Safety
-    /// `b` is valid for `BYTES` reads; `g < GROUPS`; AVX2, FMA and F16C
-    /// (plus what `B` needs) are enabled.
-    unsafe fn group<B: Bits>(bits: B, b: *const u8, g: usize) -> Group;
+    /// `Some(c)`: `w = s·(u + c)`; `None`: `w = s·u + o` with the eight
+    /// groups' `o` from [`QBlock::offsets`] (then `GROUPS == 8`).
+    const OFFSET: Option<f32>;
 
-    /// What [`QBlock::pair`] needs from a block's header, decoded once
-    /// per block (the K-quants' scales).
+    /// The block's scales, decoded once per block.
     type Hdr: Copy;
 
     /// # Safety
-    /// As [`QBlock::pair`]; `b` is a block.
+    /// `b` is valid for `BYTES` reads; AVX2, FMA and F16C are enabled.
     unsafe fn header(b: *const u8) -> Self::Hdr;
 
-    /// 64 weights decoded in 512-bit registers, signed codes shifted by
-    /// 128: groups `g`, `g + 1` (`g` even) of the block at `b` with its
-    /// header, or for one-group types the blocks at `b` and `b + BYTES`.
+    /// Scales of group `g`: lanes 0..4 for its first 16 weights, 4..8 for
+    /// the second 16.
     ///
     /// # Safety
-    /// AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C enabled; the groups lie
-    /// inside the row.
-    unsafe fn pair(b: *const u8, g: usize, hdr: Self::Hdr) -> Pair;
+    /// AVX2 enabled; `g < GROUPS`.
+    unsafe fn scales(h: &Self::Hdr, g: usize) -> __m256;
+
+    /// `o` of the block's eight groups ([`QBlock::OFFSET`] `None` only).
+    ///
+    /// # Safety
+    /// AVX enabled.
+    unsafe fn offsets(_h: &Self::Hdr) -> __m256 {
+        // SAFETY: the caller's contract.
+        unsafe { _mm256_setzero_ps() }
+    }
+
+    /// The 32 codes of group `g` of the block at `b`.
+    ///
+    /// # Safety
+    /// As [`QBlock::header`]; `g < GROUPS`.
+    unsafe fn codes(b: *const u8, g: usize) -> __m256i;
 }
 
-/// Groups `2j`, `2j + 1` of a Q4_K/Q5_K block: low then high nibbles of
-/// the 32 bytes at `p`.
+/// Spreads the 32 bits of the little-endian `u32` at `p` to bytes: `val`
+/// where set, else 0 (shuffle + compare: AVX2 has no byte masks).
 ///
 /// # Safety
-/// AVX-512 F/BW enabled; `p` valid for 32 reads.
+/// AVX2 enabled; `p` valid for 4 reads.
 #[inline(always)]
-unsafe fn nibbles32x2(p: *const u8) -> __m512i {
+unsafe fn bits_to_bytes(p: *const u8, val: i8) -> __m256i {
     // SAFETY: the caller's contract.
     unsafe {
-        let q = _mm512_broadcast_i64x4(_mm256_loadu_si256(p.cast()));
-        let sh = _mm512_setr_epi64(
-            0,
-            0,
-            0,
-            0,
-            0x0004_0004_0004_0004,
-            0x0004_0004_0004_0004,
-            0x0004_0004_0004_0004,
-            0x0004_0004_0004_0004,
+        let bits = i32::from_le(p.cast::<i32>().read_unaligned());
+        // Byte j takes byte j / 8 of `bits`, then tests bit j % 8.
+        let spread = _mm256_shuffle_epi8(
+            _mm256_set1_epi32(bits),
+            _mm256_set_epi64x(
+                0x0303_0303_0303_0303,
+                0x0202_0202_0202_0202,
+                0x0101_0101_0101_0101,
+                0,
+            ),
         );
-        _mm512_and_si512(_mm512_srlv_epi16(q, sh), _mm512_set1_epi8(0x0F))
+        let probe = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+        let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, probe), probe);
+        _mm256_and_si256(set, _mm256_set1_epi8(val))
     }
 }
 
@@ -147,9 +137,7 @@ unsafe fn kscales(b: *const u8) -> (__m256, __m256) {
     // SAFETY: the caller's contract.
     unsafe {
         let (d, dmin) = (f16_at(b), f16_at(b.add(2)));
-        let w = |i: usize| {
-            u32::from_le_bytes([*b.add(4 + i), *b.add(5 + i), *b.add(6 + i), *b.add(7 + i)])
-        };
+        let w = |i: usize| u32::from_le(b.add(4 + i).cast::<u32>().read_unaligned());
         let (w0, w1, w2) = (w(0), w(4), w(8));
         let sc = u64::from(w0 & 0x3F3F_3F3F)
             | u64::from((w2 & 0x0F0F_0F0F) | ((w0 >> 2) & 0x3030_3030)) << 32;
@@ -160,72 +148,6 @@ unsafe fn kscales(b: *const u8) -> (__m256, __m256) {
             _mm256_mul_ps(f(sc), _mm256_set1_ps(d)),
             _mm256_mul_ps(f(m), _mm256_set1_ps(-dmin)),
         )
-    }
-}
-
-/// Lanes 0..8 from entry `g` of `hdr`, 8..16 from entry `g + 1`.
-///
-/// # Safety
-/// AVX-512 F enabled.
-#[inline(always)]
-unsafe fn kpair(hdr: (__m256, __m256), g: usize) -> (__m512, __m512) {
-    // SAFETY: the caller's contract.
-    unsafe {
-        let idx = _mm512_add_epi32(
-            _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
-            _mm512_set1_epi32(g as i32),
-        );
-        (
-            _mm512_permutexvar_ps(idx, _mm512_castps256_ps512(hdr.0)),
-            _mm512_permutexvar_ps(idx, _mm512_castps256_ps512(hdr.1)),
-        )
-    }
-}
-
-/// Lanes 0..8 get the f16 at `p0`, lanes 8..16 the one at `p1`.
-///
-/// # Safety
-/// AVX-512 F and F16C enabled; both pointers valid for 2 reads.
-#[inline(always)]
-unsafe fn f16_halves(p0: *const u8, p1: *const u8) -> __m512 {
-    // SAFETY: the caller's contract.
-    unsafe {
-        let bits = u32::from(u16::from_le_bytes([*p0, *p0.add(1)]))
-            | u32::from(u16::from_le_bytes([*p1, *p1.add(1)])) << 16;
-        let d = _mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32));
-        let idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-        _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(d))
-    }
-}
-
-/// `[q & 15, q >> 4]` of the 16 bytes at `p0`, then of those at `p1`.
-///
-/// # Safety
-/// AVX-512 F/BW enabled; both pointers valid for 16 reads.
-#[inline(always)]
-unsafe fn nibbles16x2(p0: *const u8, p1: *const u8) -> __m512i {
-    // SAFETY: the caller's contract.
-    unsafe {
-        let ab = _mm256_inserti128_si256::<1>(
-            _mm256_castsi128_si256(_mm_loadu_si128(p0.cast())),
-            _mm_loadu_si128(p1.cast()),
-        );
-        let aabb = _mm512_permutexvar_epi64(
-            _mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3),
-            _mm512_castsi256_si512(ab),
-        );
-        // 16-bit lanes: shift the second and fourth 128 bits by 4.
-        let sh = _mm512_setr_epi64(
-            0,
-            0,
-            0x0004_0004_0004_0004,
-            0x0004_0004_0004_0004,
-            0,
-            0,
-            0x0004_0004_0004_0004,
-            0x0004_0004_0004_0004,
-        );
-        _mm512_and_si512(_mm512_srlv_epi16(aabb, sh), _mm512_set1_epi8(0x0F))
     }
 }
 
@@ -240,6 +162,20 @@ unsafe fn f16_at(p: *const u8) -> f32 {
     }
 }
 
+/// The f16 at `p` in every lane.
+///
+/// # Safety
+/// AVX2 and F16C enabled; `p` valid for 2 reads.
+#[inline(always)]
+unsafe fn f16_splat(p: *const u8) -> __m256 {
+    // SAFETY: the caller's contract.
+    unsafe {
+        _mm256_cvtph_ps(_mm_set1_epi16(i16::from_le(
+            p.cast::<i16>().read_unaligned(),
+        )))
+    }
+}
+
 /// `[q & 15, q >> 4]` of 16 bytes: elements 0..16 then 16..32.
 ///
 /// # Safety
@@ -248,9 +184,10 @@ unsafe fn f16_at(p: *const u8) -> f32 {
 unsafe fn nibbles16(p: *const u8) -> __m256i {
     // SAFETY: the caller's contract.
     unsafe {
-        let q = _mm_loadu_si128(p.cast());
-        let both = _mm256_set_m128i(_mm_srli_epi16::<4>(q), q);
-        _mm256_and_si256(both, _mm256_set1_epi8(0x0F))
+        let q = _mm256_broadcastsi128_si256(_mm_loadu_si128(p.cast()));
+        // Bits shifted in from the next byte land above the mask.
+        let q = _mm256_srlv_epi32(q, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4));
+        _mm256_and_si256(q, _mm256_set1_epi8(0x0F))
     }
 }
 
@@ -288,213 +225,98 @@ unsafe fn bits_to_4(p: *const u8, n: u32, mask: i8) -> __m256i {
     }
 }
 
-struct Q40;
-impl QBlock for Q40 {
-    const BYTES: usize = 18;
-    const GROUPS: usize = 1;
-    const SIGNED: bool = false;
-    #[inline(always)]
-    unsafe fn group<B: Bits>(_: B, b: *const u8, _: usize) -> Group {
-        // SAFETY: the trait contract.
-        unsafe {
-            let d = f16_at(b);
-            Group {
-                u: nibbles16(b.add(2)),
-                s: [d; 2],
-                o: [-8.0 * d; 2],
-            }
-        }
-    }
-    type Hdr = ();
-    #[inline(always)]
-    unsafe fn header(_: *const u8) {}
-    #[inline(always)]
-    unsafe fn pair(b0: *const u8, _: usize, _: ()) -> Pair {
-        // SAFETY: the trait contract.
-        unsafe {
-            let b1 = b0.add(18);
-            let s = f16_halves(b0, b1);
-            Pair {
-                u: nibbles16x2(b0.add(2), b1.add(2)),
-                s,
-                o: _mm512_mul_ps(s, _mm512_set1_ps(-8.0)),
-            }
-        }
-    }
+/// Lane `j` of `v` in every lane.
+///
+/// # Safety
+/// AVX2 enabled.
+#[inline(always)]
+unsafe fn lane(v: __m256, j: usize) -> __m256 {
+    // SAFETY: the caller's contract.
+    unsafe { _mm256_permutevar8x32_ps(v, _mm256_set1_epi32(j as i32)) }
 }
 
-struct Q50;
-impl QBlock for Q50 {
-    const BYTES: usize = 22;
-    const GROUPS: usize = 1;
-    const SIGNED: bool = false;
-    #[inline(always)]
-    unsafe fn group<B: Bits>(bits: B, b: *const u8, _: usize) -> Group {
-        // SAFETY: the trait contract.
-        unsafe {
-            let d = f16_at(b);
-            let qh = u32::from_le_bytes([*b.add(2), *b.add(3), *b.add(4), *b.add(5)]);
-            Group {
-                u: _mm256_or_si256(nibbles16(b.add(6)), bits.bytes(qh, 0x10)),
-                s: [d; 2],
-                o: [-16.0 * d; 2],
+/// Implements [`QBlock`] for a one-group block with an f16 scale first.
+macro_rules! one_group_block {
+    ($name:ident, $bytes:literal, $signed:literal, $offset:expr, |$b:ident| $codes:expr) => {
+        struct $name;
+        impl QBlock for $name {
+            const BYTES: usize = $bytes;
+            const GROUPS: usize = 1;
+            const SIGNED: bool = $signed;
+            const OFFSET: Option<f32> = Some($offset);
+            /// The block's scale in every lane.
+            type Hdr = __m256;
+            #[inline(always)]
+            unsafe fn header(b: *const u8) -> __m256 {
+                // SAFETY: the trait contract.
+                unsafe { f16_splat(b) }
+            }
+            #[inline(always)]
+            unsafe fn scales(h: &__m256, _: usize) -> __m256 {
+                *h
+            }
+            #[inline(always)]
+            unsafe fn codes($b: *const u8, _: usize) -> __m256i {
+                // SAFETY: the trait contract.
+                unsafe { $codes }
             }
         }
-    }
-    type Hdr = ();
-    #[inline(always)]
-    unsafe fn header(_: *const u8) {}
-    #[inline(always)]
-    unsafe fn pair(b0: *const u8, _: usize, _: ()) -> Pair {
-        // SAFETY: the trait contract.
-        unsafe {
-            let b1 = b0.add(22);
-            let qh = |b: *const u8| {
-                u64::from(u32::from_le_bytes([
-                    *b.add(2),
-                    *b.add(3),
-                    *b.add(4),
-                    *b.add(5),
-                ]))
-            };
-            let k = qh(b0) | qh(b1) << 32;
-            let u = nibbles16x2(b0.add(6), b1.add(6));
-            let s = f16_halves(b0, b1);
-            Pair {
-                u: _mm512_mask_add_epi8(u, k, u, _mm512_set1_epi8(0x10)),
-                s,
-                o: _mm512_mul_ps(s, _mm512_set1_ps(-16.0)),
-            }
-        }
-    }
+    };
 }
 
-struct Q80;
-impl QBlock for Q80 {
-    const BYTES: usize = 34;
-    const GROUPS: usize = 1;
-    const SIGNED: bool = true;
-    #[inline(always)]
-    unsafe fn group<B: Bits>(_: B, b: *const u8, _: usize) -> Group {
-        // SAFETY: the trait contract.
-        unsafe {
-            let d = f16_at(b);
-            Group {
-                u: _mm256_loadu_si256(b.add(2).cast()),
-                s: [d; 2],
-                o: [0.0; 2],
-            }
+one_group_block!(Q40, 18, false, -8.0, |b| nibbles16(b.add(2)));
+one_group_block!(Q50, 22, false, -16.0, |b| _mm256_or_si256(
+    nibbles16(b.add(6)),
+    bits_to_bytes(b.add(2), 0x10)
+));
+one_group_block!(Q80, 34, true, 0.0, |b| _mm256_loadu_si256(b.add(2).cast()));
+
+/// The [`QBlock`] items Q4_K and Q5_K share: 8 groups, `d·sc` and
+/// `−dmin·m` per group from [`kscales`].
+macro_rules! kquant_scales {
+    ($bytes:literal) => {
+        const BYTES: usize = $bytes;
+        const GROUPS: usize = 8;
+        const SIGNED: bool = false;
+        const OFFSET: Option<f32> = None;
+        type Hdr = (__m256, __m256);
+        #[inline(always)]
+        unsafe fn header(b: *const u8) -> Self::Hdr {
+            // SAFETY: the trait contract.
+            unsafe { kscales(b) }
         }
-    }
-    type Hdr = ();
-    #[inline(always)]
-    unsafe fn header(_: *const u8) {}
-    #[inline(always)]
-    unsafe fn pair(b0: *const u8, _: usize, _: ()) -> Pair {
-        // SAFETY: the trait contract.
-        unsafe {
-            let b1 = b0.add(34);
-            let q = _mm512_inserti64x4::<1>(
-                _mm512_castsi256_si512(_mm256_loadu_si256(b0.add(2).cast())),
-                _mm256_loadu_si256(b1.add(2).cast()),
-            );
-            let s = f16_halves(b0, b1);
-            Pair {
-                u: _mm512_xor_si512(q, _mm512_set1_epi8(-128)),
-                s,
-                o: _mm512_mul_ps(s, _mm512_set1_ps(-128.0)),
-            }
+        #[inline(always)]
+        unsafe fn scales(h: &Self::Hdr, g: usize) -> __m256 {
+            // SAFETY: the trait contract.
+            unsafe { lane(h.0, g) }
         }
-    }
+        #[inline(always)]
+        unsafe fn offsets(h: &Self::Hdr) -> __m256 {
+            h.1
+        }
+    };
 }
 
 struct Q4K;
 impl QBlock for Q4K {
-    const BYTES: usize = 144;
-    const GROUPS: usize = 8;
-    const SIGNED: bool = false;
+    kquant_scales!(144);
     #[inline(always)]
-    unsafe fn group<B: Bits>(_: B, b: *const u8, g: usize) -> Group {
+    unsafe fn codes(b: *const u8, g: usize) -> __m256i {
         // SAFETY: the trait contract.
-        unsafe {
-            let (d, dmin) = (f16_at(b), f16_at(b.add(2)));
-            let scales = &*b.add(4).cast::<[u8; 12]>();
-            let (sc, m) = scale_min_k4(g, scales);
-            let s = d * f32::from(sc);
-            Group {
-                u: nibbles32(b.add(16 + 32 * (g / 2)), g % 2 == 1),
-                s: [s; 2],
-                o: [-(dmin * f32::from(m)); 2],
-            }
-        }
-    }
-    type Hdr = (__m256, __m256);
-    #[inline(always)]
-    unsafe fn header(b: *const u8) -> Self::Hdr {
-        // SAFETY: the trait contract.
-        unsafe { kscales(b) }
-    }
-    #[inline(always)]
-    unsafe fn pair(b: *const u8, g: usize, hdr: Self::Hdr) -> Pair {
-        // SAFETY: the trait contract.
-        unsafe {
-            let (s, o) = kpair(hdr, g);
-            Pair {
-                u: nibbles32x2(b.add(16 + 16 * g)),
-                s,
-                o,
-            }
-        }
+        unsafe { nibbles32(b.add(16 + 32 * (g / 2)), g % 2 == 1) }
     }
 }
 
 struct Q5K;
 impl QBlock for Q5K {
-    const BYTES: usize = 176;
-    const GROUPS: usize = 8;
-    const SIGNED: bool = false;
+    kquant_scales!(176);
     #[inline(always)]
-    unsafe fn group<B: Bits>(_: B, b: *const u8, g: usize) -> Group {
+    unsafe fn codes(b: *const u8, g: usize) -> __m256i {
         // SAFETY: the trait contract.
         unsafe {
-            let (d, dmin) = (f16_at(b), f16_at(b.add(2)));
-            let scales = &*b.add(4).cast::<[u8; 12]>();
-            let (sc, m) = scale_min_k4(g, scales);
-            let s = d * f32::from(sc);
             // Bit g of qh[l] is the fifth bit of element l of group g.
             let hi = bits_to_4(b.add(16), g as u32, 0x10);
-            Group {
-                u: _mm256_or_si256(nibbles32(b.add(48 + 32 * (g / 2)), g % 2 == 1), hi),
-                s: [s; 2],
-                o: [-(dmin * f32::from(m)); 2],
-            }
-        }
-    }
-    type Hdr = (__m256, __m256);
-    #[inline(always)]
-    unsafe fn header(b: *const u8) -> Self::Hdr {
-        // SAFETY: the trait contract.
-        unsafe { kscales(b) }
-    }
-    #[inline(always)]
-    unsafe fn pair(b: *const u8, g: usize, hdr: Self::Hdr) -> Pair {
-        // SAFETY: the trait contract.
-        unsafe {
-            let (s, o) = kpair(hdr, g);
-            let u = nibbles32x2(b.add(48 + 16 * g));
-            // Fifth bits: bit g (then g + 1) of the 32 qh bytes.
-            let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(b.add(16).cast()));
-            let probe = _mm512_mask_blend_epi8(
-                0xFFFF_FFFF_0000_0000,
-                _mm512_set1_epi8((1u8 << g) as i8),
-                _mm512_set1_epi8((2u8 << g) as i8),
-            );
-            let k = _mm512_test_epi8_mask(qh, probe);
-            Pair {
-                u: _mm512_mask_add_epi8(u, k, u, _mm512_set1_epi8(0x10)),
-                s,
-                o,
-            }
+            _mm256_or_si256(nibbles32(b.add(48 + 32 * (g / 2)), g % 2 == 1), hi)
         }
     }
 }
@@ -504,128 +326,44 @@ impl QBlock for Q6K {
     const BYTES: usize = 210;
     const GROUPS: usize = 8;
     const SIGNED: bool = false;
+    const OFFSET: Option<f32> = Some(-32.0);
+    /// The 16 scales times `d`.
+    type Hdr = [__m256; 2];
     #[inline(always)]
-    unsafe fn group<B: Bits>(_: B, b: *const u8, g: usize) -> Group {
+    unsafe fn header(b: *const u8) -> Self::Hdr {
         // SAFETY: the trait contract.
         unsafe {
-            let d = f16_at(b.add(208));
+            let q = _mm_loadu_si128(b.add(192).cast());
+            let d = f16_splat(b.add(208));
+            let f = |q: __m128i| _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d);
+            [f(q), f(_mm_unpackhi_epi64(q, q))]
+        }
+    }
+    #[inline(always)]
+    unsafe fn scales(h: &Self::Hdr, g: usize) -> __m256 {
+        // Scales 2g (first 16 weights) and 2g + 1.
+        let j = 2 * (g % 4) as i32;
+        // SAFETY: the trait contract.
+        unsafe {
+            _mm256_permutevar8x32_ps(
+                h[g / 4],
+                _mm256_setr_epi32(j, j, j, j, j + 1, j + 1, j + 1, j + 1),
+            )
+        }
+    }
+    #[inline(always)]
+    unsafe fn codes(b: *const u8, g: usize) -> __m256i {
+        // SAFETY: the trait contract.
+        unsafe {
             // Element 128·half + 32·kq + l: nibble kq / 2 of
             // ql[64·half + 32·(kq % 2) + l], bits 2kq.. of qh[32·half + l].
             let (half, kq) = (g / 4, g % 4);
             let lo = nibbles32(b.add(64 * half + 32 * (kq % 2)), kq >= 2);
             // Bits 2kq, 2kq + 1 to bits 4, 5.
             let hi = bits_to_4(b.add(128 + 32 * half), 2 * kq as u32, 0x30);
-            let sc = |i: usize| d * f32::from(*b.add(192 + 8 * half + 2 * kq + i) as i8);
-            let s = [sc(0), sc(1)];
-            Group {
-                u: _mm256_or_si256(lo, hi),
-                s,
-                o: [-32.0 * s[0], -32.0 * s[1]],
-            }
+            _mm256_or_si256(lo, hi)
         }
     }
-    /// The 16 scales times `d`.
-    type Hdr = __m512;
-    #[inline(always)]
-    unsafe fn header(b: *const u8) -> __m512 {
-        // SAFETY: the trait contract.
-        unsafe {
-            let sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(b.add(192).cast())));
-            _mm512_mul_ps(sc, _mm512_set1_ps(f16_at(b.add(208))))
-        }
-    }
-    #[inline(always)]
-    unsafe fn pair(b: *const u8, g: usize, hdr: __m512) -> Pair {
-        // SAFETY: the trait contract.
-        unsafe {
-            // Groups kq, kq + 1 (kq = 0 or 2) of a half: the 64 ql bytes
-            // hold both (low nibbles for kq = 0, high for 2); their high
-            // bits are bits 2kq.. and 2kq + 2.. of the same 32 qh bytes.
-            let (half, kq) = (g / 4, g % 4);
-            let ql = _mm512_loadu_si512(b.add(64 * half).cast());
-            let ql = if kq == 0 {
-                ql
-            } else {
-                _mm512_srli_epi16::<4>(ql)
-            };
-            let lo = _mm512_and_si512(ql, _mm512_set1_epi8(0x0F));
-            let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(b.add(128 + 32 * half).cast()));
-            let qh = if kq == 0 {
-                _mm512_sllv_epi16(
-                    qh,
-                    _mm512_setr_epi64(
-                        0x0004_0004_0004_0004,
-                        0x0004_0004_0004_0004,
-                        0x0004_0004_0004_0004,
-                        0x0004_0004_0004_0004,
-                        0x0002_0002_0002_0002,
-                        0x0002_0002_0002_0002,
-                        0x0002_0002_0002_0002,
-                        0x0002_0002_0002_0002,
-                    ),
-                )
-            } else {
-                _mm512_srlv_epi16(
-                    qh,
-                    _mm512_setr_epi64(
-                        0,
-                        0,
-                        0,
-                        0,
-                        0x0002_0002_0002_0002,
-                        0x0002_0002_0002_0002,
-                        0x0002_0002_0002_0002,
-                        0x0002_0002_0002_0002,
-                    ),
-                )
-            };
-            let hi = _mm512_and_si512(qh, _mm512_set1_epi8(0x30));
-            // Scales 8·half + 2·kq .. + 4, one per 4 lanes.
-            let idx = _mm512_add_epi32(
-                _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
-                _mm512_set1_epi32((8 * half + 2 * kq) as i32),
-            );
-            let s = _mm512_permutexvar_ps(idx, hdr);
-            Pair {
-                u: _mm512_or_si512(lo, hi),
-                s,
-                o: _mm512_mul_ps(s, _mm512_set1_ps(-32.0)),
-            }
-        }
-    }
-}
-
-/// Runs `$body` with `$B` naming the decoder of `$ty`, else `$other`.
-macro_rules! by_qtype {
-    ($ty:expr, $B:ident => $body:expr, _ => $other:expr) => {
-        match $ty {
-            GgmlType::Q4_0 => {
-                type $B = Q40;
-                $body
-            }
-            GgmlType::Q5_0 => {
-                type $B = Q50;
-                $body
-            }
-            GgmlType::Q8_0 => {
-                type $B = Q80;
-                $body
-            }
-            GgmlType::Q4K => {
-                type $B = Q4K;
-                $body
-            }
-            GgmlType::Q5K => {
-                type $B = Q5K;
-                $body
-            }
-            GgmlType::Q6K => {
-                type $B = Q6K;
-                $body
-            }
-            _ => $other,
-        }
-    };
 }
 
 /// Whether the integer GEMV covers `ty`.
@@ -651,90 +389,6 @@ unsafe fn prefetch_ahead(p: *const u8, bytes: usize) {
     }
 }
 
-/// `S²·H + S·M + L` as f32.
-///
-/// # Safety
-/// AVX2 and FMA enabled.
-#[inline(always)]
-unsafe fn combine8(h: __m256i, m: __m256i, l: __m256i) -> __m256 {
-    // SAFETY: the caller's contract.
-    unsafe {
-        let ml = _mm256_fmadd_ps(
-            _mm256_cvtepi32_ps(m),
-            _mm256_set1_ps(S),
-            _mm256_cvtepi32_ps(l),
-        );
-        _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), _mm256_set1_ps(S * S), ml)
-    }
-}
-
-/// Per-lane scales of one group: lanes 0..4 from `v[0]`, 4..8 from `v[1]`.
-///
-/// # Safety
-/// AVX enabled.
-#[inline(always)]
-unsafe fn halves8(v: [f32; 2]) -> __m256 {
-    // SAFETY: the caller's contract.
-    unsafe { _mm256_setr_m128(_mm_set1_ps(v[0]), _mm_set1_ps(v[1])) }
-}
-
-/// How [`add_group8`] multiplies codes by plane bytes (i32 per 4 bytes).
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Dot8 {
-    /// `pmaddubsw` on unsigned codes (below 64: no i16 saturation).
-    Unsigned,
-    /// `pmaddubsw(|q|, sign(x, q))` on signed codes (`128 · 127 · 2 < 2^15`).
-    Signed,
-    /// 256-bit `vpdpbusd` (AVX-512 VNNI + VL) on unsigned codes.
-    Vnni,
-}
-
-/// # Safety
-/// AVX2 enabled, and AVX-512 VNNI + VL for [`Dot8::Vnni`].
-#[inline(always)]
-unsafe fn dot8(kind: Dot8, u: __m256i, x: __m256i) -> __m256i {
-    // SAFETY: the caller's contract.
-    unsafe {
-        match kind {
-            Dot8::Vnni => _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, x),
-            Dot8::Unsigned => _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1)),
-            Dot8::Signed => _mm256_madd_epi16(
-                _mm256_maddubs_epi16(_mm256_abs_epi8(u), _mm256_sign_epi8(x, u)),
-                _mm256_set1_epi16(1),
-            ),
-        }
-    }
-}
-
-/// Adds group `g` against the planes at element `e` to the accumulators.
-///
-/// # Safety
-/// As [`dot8`], plus FMA; `e + 32 <= qx.k`.
-#[inline(always)]
-unsafe fn add_group8(
-    kind: Dot8,
-    qx: &QuantX,
-    e: usize,
-    g: &Group,
-    acc: &mut __m256,
-    off: &mut __m256,
-) {
-    // SAFETY: the caller's contract; the planes hold `qx.k` values and
-    // the lane vectors `qx.k / 4`.
-    unsafe {
-        let h = dot8(kind, g.u, _mm256_loadu_si256(qx.h.as_ptr().add(e).cast()));
-        let m = dot8(kind, g.u, _mm256_loadu_si256(qx.m.as_ptr().add(e).cast()));
-        let l = dot8(kind, g.u, _mm256_loadu_si256(qx.l.as_ptr().add(e).cast()));
-        let v = _mm256_mul_ps(
-            combine8(h, m, l),
-            _mm256_loadu_ps(qx.lane_d.as_ptr().add(e / 4)),
-        );
-        *acc = _mm256_fmadd_ps(v, halves8(g.s), *acc);
-        let sums = _mm256_loadu_ps(qx.lane_sum.as_ptr().add(e / 4));
-        *off = _mm256_fmadd_ps(halves8(g.o), sums, *off);
-    }
-}
-
 /// # Safety
 /// AVX enabled.
 #[inline(always)]
@@ -747,109 +401,81 @@ unsafe fn hsum8(v: __m256) -> f32 {
     }
 }
 
-/// AVX2 row dot: `pmaddubsw` + `pmaddwd`.
+/// `S²·H + S·M + L` per lane of 4 codes, `H, M, L` the integer dots of
+/// the codes `u` with the planes at element `e`: `pmaddubsw` (signed
+/// codes as `|q| · sign(x, q)`), then `S·H + M` by one `pmaddwd` against
+/// `S` and one against 1 (exact in i32 and in f32: at most
+/// `4·128·127·254 < 2^24`), so two conversions and one FMA.
+///
+/// # Safety
+/// AVX2 and FMA enabled; `e + 32 <= qx.k`.
+#[inline(always)]
+unsafe fn planes_dot<Q: QBlock>(u: __m256i, qx: &QuantX, e: usize) -> __m256 {
+    // SAFETY: the caller's contract; the planes hold `qx.k` values.
+    unsafe {
+        let plane = |p: &[i8]| _mm256_loadu_si256(p.as_ptr().add(e).cast());
+        let a = if Q::SIGNED { _mm256_abs_epi8(u) } else { u };
+        let prod = |x: __m256i| {
+            let x = if Q::SIGNED { _mm256_sign_epi8(x, u) } else { x };
+            _mm256_maddubs_epi16(a, x)
+        };
+        let ones = _mm256_set1_epi16(1);
+        let sm = _mm256_add_epi32(
+            _mm256_madd_epi16(prod(plane(&qx.h)), _mm256_set1_epi16(S as i16)),
+            _mm256_madd_epi16(prod(plane(&qx.m)), ones),
+        );
+        let l = _mm256_madd_epi16(prod(plane(&qx.l)), ones);
+        _mm256_fmadd_ps(
+            _mm256_cvtepi32_ps(sm),
+            _mm256_set1_ps(S),
+            _mm256_cvtepi32_ps(l),
+        )
+    }
+}
+
+/// AVX2 row dot.
 ///
 /// # Safety
 /// AVX2, FMA and F16C enabled; `row` holds `qx.k / 32 / GROUPS` blocks.
 #[inline(always)]
 unsafe fn row_avx2<Q: QBlock>(row: &[u8], qx: &QuantX) -> f32 {
-    // SAFETY: the caller's contract; every block pointer is inside `row`.
+    // SAFETY: the caller's contract; every block pointer is inside `row`,
+    // and the lane (group) vectors hold `qx.k / 4` (`qx.k / 32`) values.
     unsafe {
-        let kind = if Q::SIGNED {
-            Dot8::Signed
-        } else {
-            Dot8::Unsigned
-        };
         let (mut acc, mut off) = (_mm256_setzero_ps(), _mm256_setzero_ps());
         let nb = qx.k / 32 / Q::GROUPS;
         for bi in 0..nb {
             let b = row.as_ptr().add(bi * Q::BYTES);
             prefetch_ahead(b, Q::BYTES);
-            for g in 0..Q::GROUPS {
-                let gr = Q::group(Avx2Bits, b, g);
-                let e = (bi * Q::GROUPS + g) * 32;
-                add_group8(kind, qx, e, &gr, &mut acc, &mut off);
-            }
-        }
-        hsum8(_mm256_add_ps(acc, off))
-    }
-}
-
-/// AVX-512 VNNI row dot: two groups per `vpdpbusd`; an odd last group
-/// takes the 256-bit form.
-///
-/// # Safety
-/// AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C enabled; `row` as for
-/// [`row_avx2`].
-#[inline(always)]
-unsafe fn row_vnni<Q: QBlock>(row: &[u8], qx: &QuantX) -> f32 {
-    // SAFETY: the caller's contract; every block pointer is inside `row`.
-    unsafe {
-        let n = qx.k / 32;
-        let (mut acc, mut off) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-        let mut gi = 0;
-        while gi + 2 <= n {
-            let b = row.as_ptr().add(gi / Q::GROUPS * Q::BYTES);
-            prefetch_ahead(b, Q::BYTES * (2 / Q::GROUPS).max(1));
             let hdr = Q::header(b);
-            // One pair of one-group blocks, or every pair of a block.
-            for g in (0..Q::GROUPS.max(2)).step_by(2) {
-                let p = Q::pair(b, g, hdr);
-                let e = (gi + g) * 32;
-                let z = _mm512_setzero_si512();
-                let h =
-                    _mm512_dpbusd_epi32(z, p.u, _mm512_loadu_si512(qx.h.as_ptr().add(e).cast()));
-                let m =
-                    _mm512_dpbusd_epi32(z, p.u, _mm512_loadu_si512(qx.m.as_ptr().add(e).cast()));
-                let l =
-                    _mm512_dpbusd_epi32(z, p.u, _mm512_loadu_si512(qx.l.as_ptr().add(e).cast()));
-                let ml = _mm512_fmadd_ps(
-                    _mm512_cvtepi32_ps(m),
-                    _mm512_set1_ps(S),
-                    _mm512_cvtepi32_ps(l),
-                );
-                let v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(h), _mm512_set1_ps(S * S), ml);
-                let v = _mm512_mul_ps(v, _mm512_loadu_ps(qx.lane_d.as_ptr().add(e / 4)));
-                acc = _mm512_fmadd_ps(v, p.s, acc);
-                off = _mm512_fmadd_ps(p.o, _mm512_loadu_ps(qx.lane_sum.as_ptr().add(e / 4)), off);
+            for g in 0..Q::GROUPS {
+                let e = (bi * Q::GROUPS + g) * 32;
+                let v = planes_dot::<Q>(Q::codes(b, g), qx, e);
+                let s = Q::scales(&hdr, g);
+                let sd = _mm256_mul_ps(s, _mm256_loadu_ps(qx.lane_d.as_ptr().add(e / 4)));
+                acc = _mm256_fmadd_ps(v, sd, acc);
+                if matches!(Q::OFFSET, Some(c) if c != 0.0) {
+                    let sums = _mm256_loadu_ps(qx.lane_sum.as_ptr().add(e / 4));
+                    off = _mm256_fmadd_ps(s, sums, off);
+                }
             }
-            gi += Q::GROUPS.max(2);
-        }
-        let mut acc8 = _mm256_add_ps(
-            _mm512_castps512_ps256(acc),
-            _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc))),
-        );
-        let mut off8 = _mm256_add_ps(
-            _mm512_castps512_ps256(off),
-            _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(off))),
-        );
-        if gi < n {
-            let mut g = vnni_group::<Q>(row, gi);
-            if Q::SIGNED {
-                g.u = _mm256_xor_si256(g.u, _mm256_set1_epi8(-128));
+            if Q::OFFSET.is_none() {
+                // One FMA per block: the eight groups' `o` times their sums.
+                let sums = _mm256_loadu_ps(qx.group_sum.as_ptr().add(bi * 8));
+                off = _mm256_fmadd_ps(Q::offsets(&hdr), sums, off);
             }
-            add_group8(Dot8::Vnni, qx, gi * 32, &g, &mut acc8, &mut off8);
         }
-        hsum8(_mm256_add_ps(acc8, off8))
+        hsum8(acc) + Q::OFFSET.unwrap_or(1.0) * hsum8(off)
     }
 }
 
-/// Group `gi` of the row for `vpdpbusd`: signed codes get the offset of
-/// their `+ 128` shift (`w = s·(u − 128)`); the caller flips the bytes.
-///
-/// # Safety
-/// As [`row_vnni`]; group `gi` is inside `row`.
+/// `y[r] = dot(r)` of the row at `w[r * row_bytes..]`; `true`.
 #[inline(always)]
-unsafe fn vnni_group<Q: QBlock>(row: &[u8], gi: usize) -> Group {
-    // SAFETY: the caller's contract.
-    unsafe {
-        let b = row.as_ptr().add(gi / Q::GROUPS * Q::BYTES);
-        let mut g = Q::group(MaskBits, b, gi % Q::GROUPS);
-        if Q::SIGNED {
-            g.o = [g.o[0] - 128.0 * g.s[0], g.o[1] - 128.0 * g.s[1]];
-        }
-        g
+fn each_row(w: &[u8], row_bytes: usize, y: &mut [f32], dot: impl Fn(&[u8]) -> f32) -> bool {
+    for (r, yr) in y.iter_mut().enumerate() {
+        *yr = dot(&w[r * row_bytes..]);
     }
+    true
 }
 
 /// Integer GEMV with AVX2 (also the AVX-512 level without VNNI).
@@ -865,33 +491,7 @@ pub(super) unsafe fn gemv_avx2(
     qx: &QuantX,
     y: &mut [f32],
 ) -> bool {
-    by_qtype!(ty, Q => {
-        for (r, yr) in y.iter_mut().enumerate() {
-            // SAFETY: this function's contract.
-            *yr = unsafe { row_avx2::<Q>(&w[r * row_bytes..], qx) };
-        }
-        true
-    }, _ => false)
-}
-
-/// Integer GEMV with AVX-512 VNNI.
-///
-/// # Safety
-/// AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C present; `w` as for
-/// [`gemv_avx2`].
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) unsafe fn gemv_vnni(
-    ty: GgmlType,
-    w: &[u8],
-    row_bytes: usize,
-    qx: &QuantX,
-    y: &mut [f32],
-) -> bool {
-    by_qtype!(ty, Q => {
-        for (r, yr) in y.iter_mut().enumerate() {
-            // SAFETY: this function's contract.
-            *yr = unsafe { row_vnni::<Q>(&w[r * row_bytes..], qx) };
-        }
-        true
-    }, _ => false)
+    // SAFETY: this function's contract.
+    by_qtype!(ty, Q => each_row(w, row_bytes, y, |row| unsafe { row_avx2::<Q>(row, qx) }),
+        _ => false)
 }

@@ -11,8 +11,23 @@ use crate::screen::{fold_lo, ScreenX, ABS_SLACK};
 /// Q8_0 block bytes: f16 scale + 32 quants.
 const BLK: usize = 34;
 
-/// How many row groups ahead the VNNI screen prefetches.
+/// How many row groups ahead the screens prefetch.
 const PREFETCH_GROUPS: usize = 2;
+
+/// Prefetches the `step` bytes at `base + dist + i · step`: one linear
+/// sweep over the rows a few groups ahead, `step` bytes per loop step (a
+/// single sequential stream gets more from DRAM than one per row).
+///
+/// # Safety
+/// SSE enabled (prefetches never fault, any address is fine).
+#[inline(always)]
+unsafe fn sweep_prefetch(base: *const u8, dist: usize, step: usize, i: usize) {
+    let pf = base.wrapping_add(dist + i * step);
+    for off in (0..step).step_by(64) {
+        // SAFETY: the caller's contract.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(pf.wrapping_add(off).cast()) };
+    }
+}
 
 /// Rows screened together: the `x` loads, lane values and the prefetch
 /// setup are shared across the group (each row's arithmetic is unchanged,
@@ -72,11 +87,12 @@ unsafe fn rows_avx2<const R: usize>(
     let nb = sx.k / 32;
     let ones = _mm256_set1_epi16(1);
     let rows = group::<R>(w, row_bytes, r0, nb * BLK);
-    // Next group's bytes at the same offset (prefetch never faults).
-    let ahead = R * row_bytes;
+    let base = w.as_ptr().wrapping_add(r0 * row_bytes);
     let mut acc = [_mm256_setzero_ps(); R];
     let mut bacc = [_mm256_setzero_ps(); R];
     for b in 0..nb {
+        // SAFETY: SSE is enabled.
+        unsafe { sweep_prefetch(base, PREFETCH_GROUPS * R * row_bytes, R * BLK, b) };
         let xq = &sx.q[b * 32..][..32];
         let ld = &sx.lane_d[b * 8..][..8];
         let lc = &sx.lane_c[b * 8..][..8];
@@ -92,9 +108,8 @@ unsafe fn rows_avx2<const R: usize>(
         for i in 0..R {
             let blk = &rows[i][b * BLK..][..BLK];
             // SAFETY: `blk` bounds the 32 quant bytes after the 2-byte
-            // scale; prefetch never faults.
+            // scale.
             unsafe {
-                _mm_prefetch::<_MM_HINT_T0>(blk.as_ptr().wrapping_add(ahead).cast());
                 let wv = _mm256_loadu_si256(blk.as_ptr().add(2).cast());
                 let p16 = _mm256_maddubs_epi16(_mm256_abs_epi8(wv), _mm256_sign_epi8(xv, wv));
                 let p32 = _mm256_madd_epi16(p16, ones);
@@ -327,19 +342,12 @@ unsafe fn rows_vnni<const R: usize>(
         0, 0, 0, 0,
     );
     let rows = group::<R>(w, row_bytes, r0, nb * BLK);
-    // Next group's bytes at the same offset (prefetch never faults).
-    let ahead = R * row_bytes;
     let mut acc = [_mm512_setzero_ps(); R];
     let mut bacc = [_mm512_setzero_ps(); R];
     let base = w.as_ptr().wrapping_add(r0 * row_bytes);
     for p in 0..nb / 2 {
-        // One linear sweep over the rows `PREFETCH_GROUPS` groups ahead,
-        // `R · 2 · BLK` bytes per step: a single sequential stream gets
-        // more from DRAM than one per row.
-        let pf = base.wrapping_add(PREFETCH_GROUPS * ahead + p * R * 2 * BLK);
-        for off in (0..R * 2 * BLK).step_by(64) {
-            _mm_prefetch::<_MM_HINT_T0>(pf.wrapping_add(off).cast());
-        }
+        // SAFETY: SSE is enabled.
+        unsafe { sweep_prefetch(base, PREFETCH_GROUPS * R * row_bytes, R * 2 * BLK, p) };
         let xq = &sx.q[p * 64..][..64];
         let ld = &sx.lane_d[p * 16..][..16];
         let lc = &sx.lane_c[p * 16..][..16];
