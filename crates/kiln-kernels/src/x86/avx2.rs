@@ -190,6 +190,10 @@ impl Simd for Avx2 {
         ))))
     }
     #[inline(always)]
+    fn splat_f16(self, h: [u8; 2]) -> __m256 {
+        tf!(_mm256_cvtph_ps(_mm_set1_epi16(i16::from_le_bytes(h))))
+    }
+    #[inline(always)]
     fn prefetch(self, p: *const u8) {
         tf!(_mm_prefetch::<_MM_HINT_T0>(p.cast()))
     }

@@ -182,6 +182,10 @@ impl Simd for Avx512 {
         ))))
     }
     #[inline(always)]
+    fn splat_f16(self, h: [u8; 2]) -> __m512 {
+        tf!(_mm512_cvtph_ps(_mm256_set1_epi16(i16::from_le_bytes(h))))
+    }
+    #[inline(always)]
     fn prefetch(self, p: *const u8) {
         tf!(_mm_prefetch::<_MM_HINT_T0>(p.cast()))
     }

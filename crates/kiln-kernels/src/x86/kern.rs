@@ -56,6 +56,11 @@ pub(super) trait Simd: Copy {
     fn or_test(self, v: Self::I, t: Self::I, bit: i32, val: i32) -> Self::I;
     /// One f16 to f32 (F16C).
     fn f16(self, h: [u8; 2]) -> f32;
+    /// One f16 to f32 in every lane. Not `splat(f16(h))`: LLVM lowers the
+    /// scalar conversion to a `vpinsrw` that merges into a live register,
+    /// which chained each Q8_0 block's decode to the previous one's
+    /// (~15 cycles per 32 values); a broadcast load depends on nothing.
+    fn splat_f16(self, h: [u8; 2]) -> Self::F;
     /// Hints that the cache line at `p` will be read soon. Never faults,
     /// so any address is fine.
     fn prefetch(self, p: *const u8);
@@ -134,7 +139,7 @@ impl Block for Q80 {
     #[inline(always)]
     fn decode<S: Simd>(s: S, b: &[u8], sink: &mut impl Sink<S>) {
         let b: &[u8; 34] = b.try_into().expect("one block");
-        let d = s.splat(s.f16(f16(b)));
+        let d = s.splat_f16(f16(b));
         for i in 0..32 / S::LANES {
             let q = s.cvt(s.i8s(&b[2 + i * S::LANES..]));
             sink.put(i, s.mul(q, d));
@@ -150,10 +155,10 @@ impl Block for Q40 {
     #[inline(always)]
     fn decode<S: Simd>(s: S, b: &[u8], sink: &mut impl Sink<S>) {
         let b: &[u8; 18] = b.try_into().expect("one block");
-        let d = s.f16(f16(b));
         // d * (q - 8) as one FMA: -8d is exact, so this rounds once, like
         // the reference's product.
-        let (dv, off) = (s.splat(d), s.splat(-8.0 * d));
+        let dv = s.splat_f16(f16(b));
+        let off = s.mul(dv, s.splat(-8.0));
         let h = 16 / S::LANES;
         for c in 0..h {
             let q = s.u8s(&b[2 + c * S::LANES..]);
@@ -171,9 +176,9 @@ impl Block for Q50 {
     #[inline(always)]
     fn decode<S: Simd>(s: S, b: &[u8], sink: &mut impl Sink<S>) {
         let b: &[u8; 22] = b.try_into().expect("one block");
-        let d = s.f16(f16(b));
         let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
-        let (dv, off) = (s.splat(d), s.splat(-16.0 * d));
+        let dv = s.splat_f16(f16(b));
+        let off = s.mul(dv, s.splat(-16.0));
         let h = 16 / S::LANES;
         for c in 0..h {
             let q = s.u8s(&b[6 + c * S::LANES..]);
@@ -518,9 +523,12 @@ pub(super) struct GemmShape {
     pub ldy: usize,
 }
 
-/// Columns of a weight tile: a multiple of every block size; `MAX_MR`
-/// rows of it are 32 KiB, within L1 next to the activations.
-const KC: usize = 1024;
+/// f32 elements of the dequantized weight block: 96 KiB, in L2 (1 MiB
+/// or 512 KiB per core) next to the activations, while the micro-kernel
+/// re-reads one token panel from L1 across all its rows.
+const TILE: usize = 24 * 1024;
+/// Most columns per block: `TILE / KC_MAX` rows at least.
+const KC_MAX: usize = 1024;
 const MAX_MR: usize = 8;
 
 /// Where a GEMM writes `Y[t][r]` (at `t * ldy + r`).
@@ -577,10 +585,18 @@ pub(super) fn gemm<S: Simd>(
     true
 }
 
-/// Loops over tiles of `MR` rows × `KC` columns: each is dequantized once
-/// by `fill` into a stack scratch, then swept over all tokens `NR` at a
-/// time. Partial sums over column tiles accumulate in `y`.
-#[allow(clippy::too_many_arguments)]
+/// Columns per weight block for rows of `k`: `k` split into equal
+/// parts of at most [`KC_MAX`], each a whole number of `elems` blocks.
+fn block_cols(k: usize, elems: usize) -> usize {
+    let parts = k.div_ceil(KC_MAX);
+    k.div_ceil(parts).next_multiple_of(elems).min(KC_MAX)
+}
+
+/// Loops over blocks of `mc` rows × `kc` columns: each is dequantized
+/// once by `fill` into a stack scratch (L2-resident), then swept by the
+/// `MR × NR` micro-kernel with tokens outermost, so each token panel
+/// (`NR × kc`) is read from L1 across the whole block. Partial sums over
+/// column blocks accumulate in `y`.
 #[inline(always)]
 fn gemm_tiles<S: Simd, const MR: usize, const NR: usize>(
     s: S,
@@ -598,44 +614,68 @@ fn gemm_tiles<S: Simd, const MR: usize, const NR: usize>(
         n,
         ldy,
     } = *sh;
-    let mut tile = [0.0f32; MAX_MR * KC];
-    for r0 in (0..rows).step_by(MR) {
-        let mr = MR.min(rows - r0);
-        for k0 in (0..k).step_by(KC) {
-            let kc = KC.min(k - k0);
+    let kcb = block_cols(k, fill.block().0);
+    let mcb = (TILE / kcb / MR * MR).max(MR);
+    let mut tile = Aligned([0.0f32; TILE]);
+    let tile = &mut tile.0;
+    for r0 in (0..rows).step_by(mcb) {
+        let mc = mcb.min(rows - r0);
+        let mcp = mc.next_multiple_of(MR);
+        for k0 in (0..k).step_by(kcb) {
+            let kc = kcb.min(k - k0);
             // Padding rows: computed, never stored.
             fill_rows(
                 fill,
                 w,
                 row_bytes,
-                (r0, mr),
+                (r0, mc),
                 (k0, kc),
-                &mut tile[..MR * KC],
-                KC,
+                &mut tile[..mcp * kc],
+                kc,
                 kc,
             );
-            let first = k0 == 0;
+            // The next block's packed bytes, fetched during this one's
+            // first token panel: decoding then does not wait on DRAM.
+            let (nr0, nk0) = if k0 + kc < k {
+                (r0, k0 + kc)
+            } else {
+                (r0 + mcb, 0)
+            };
+            let (elems, bytes) = fill.block();
+            let next = Prefetch {
+                at: w
+                    .as_ptr()
+                    .wrapping_add(nr0 * row_bytes + nk0 / elems * bytes),
+                row_bytes,
+                bytes: kcb.min(k - nk0) / elems * bytes,
+                rows: mcb.min(rows.saturating_sub(nr0)),
+            };
+            let mut m = MicroArgs {
+                kc,
+                ldx: k,
+                ldy,
+                mc,
+                first: k0 == 0,
+                next: None,
+            };
+            let tile = &tile[..mcp * kc];
             let mut t0 = 0;
             while t0 < n {
                 let nt = NR.min(n - t0);
                 let xs = &x[t0 * k + k0..];
                 let ys = &mut y[t0 * ldy + r0..];
-                let m = MicroArgs {
-                    kc,
-                    ldx: k,
-                    ldy,
-                    mr,
-                    first,
-                };
+                if t0 + nt == n {
+                    m.next = Some(next);
+                }
                 match nt {
-                    1 => micro::<S, MR, 1>(s, &tile, xs, ys, &m),
-                    2 => micro::<S, MR, 2>(s, &tile, xs, ys, &m),
-                    3 => micro::<S, MR, 3>(s, &tile, xs, ys, &m),
-                    4 => micro::<S, MR, 4>(s, &tile, xs, ys, &m),
-                    5 => micro::<S, MR, 5>(s, &tile, xs, ys, &m),
-                    6 => micro::<S, MR, 6>(s, &tile, xs, ys, &m),
-                    7 => micro::<S, MR, 7>(s, &tile, xs, ys, &m),
-                    _ => micro::<S, MR, 8>(s, &tile, xs, ys, &m),
+                    1 => panel::<S, MR, 1>(s, tile, xs, ys, &m),
+                    2 => panel::<S, MR, 2>(s, tile, xs, ys, &m),
+                    3 => panel::<S, MR, 3>(s, tile, xs, ys, &m),
+                    4 => panel::<S, MR, 4>(s, tile, xs, ys, &m),
+                    5 => panel::<S, MR, 5>(s, tile, xs, ys, &m),
+                    6 => panel::<S, MR, 6>(s, tile, xs, ys, &m),
+                    7 => panel::<S, MR, 7>(s, tile, xs, ys, &m),
+                    _ => panel::<S, MR, 8>(s, tile, xs, ys, &m),
                 }
                 t0 += nt;
             }
@@ -643,14 +683,57 @@ fn gemm_tiles<S: Simd, const MR: usize, const NR: usize>(
     }
 }
 
+/// Cache-line alignment for scratch: a vector load that straddles two
+/// lines costs two.
+#[repr(align(64))]
+struct Aligned<T>(T);
+
+/// Packed rows to prefetch: `rows` rows of `bytes` from `at`, `row_bytes`
+/// apart.
+#[derive(Clone, Copy)]
+struct Prefetch {
+    at: *const u8,
+    row_bytes: usize,
+    bytes: usize,
+    rows: usize,
+}
+
 struct MicroArgs {
+    /// Rows to prefetch, spread over the panel's row slices.
+    next: Option<Prefetch>,
     kc: usize,
     ldx: usize,
     ldy: usize,
-    /// Rows of the tile that are real (the rest are zero padding).
-    mr: usize,
-    /// Whether this is the first column tile (store, else accumulate).
+    /// Rows of the block that are real (the rest are zero padding).
+    mc: usize,
+    /// Whether this is the first column block (store, else accumulate).
     first: bool,
+}
+
+/// One token panel of `NT` tokens against every `MR`-row slice of the
+/// block `tile` (rows of `kc`).
+#[inline(always)]
+fn panel<S: Simd, const MR: usize, const NT: usize>(
+    s: S,
+    tile: &[f32],
+    x: &[f32],
+    y: &mut [f32],
+    m: &MicroArgs,
+) {
+    for (i0, w) in tile.chunks_exact(MR * m.kc).enumerate() {
+        let r0 = i0 * MR;
+        let mr = MR.min(m.mc - r0);
+        if let Some(p) = m.next {
+            for r in r0..(r0 + MR).min(p.rows) {
+                let row = p.at.wrapping_add(r * p.row_bytes);
+                // Rows start mid-line: one more line covers the last byte.
+                for off in (0..p.bytes + 63).step_by(64) {
+                    s.prefetch(row.wrapping_add(off));
+                }
+            }
+        }
+        micro::<S, MR, NT>(s, w, x, &mut y[r0..], mr, m);
+    }
 }
 
 /// `MR × NT` dots over `kc` columns, `MR * NT` vector accumulators.
@@ -660,16 +743,17 @@ fn micro<S: Simd, const MR: usize, const NT: usize>(
     tile: &[f32],
     x: &[f32],
     y: &mut [f32],
+    mr: usize,
     m: &MicroArgs,
 ) {
     let MicroArgs {
         kc,
         ldx,
         ldy,
-        mr,
         first,
+        ..
     } = *m;
-    assert!(tile.len() >= (MR - 1) * KC + kc && kc <= KC);
+    assert!(tile.len() >= MR * kc);
     assert!(x.len() >= (NT - 1) * ldx + kc);
     assert!(y.len() >= (NT - 1) * ldy + mr && mr <= MR);
     let main = kc / S::LANES * S::LANES;
@@ -683,7 +767,7 @@ fn micro<S: Simd, const MR: usize, const NT: usize>(
         let mut wv = [s.zero(); MR];
         for (i, v) in wv.iter_mut().enumerate() {
             // SAFETY: as above.
-            *v = unsafe { s.load_ptr(tp.add(i * KC + kk)) };
+            *v = unsafe { s.load_ptr(tp.add(i * kc + kk)) };
         }
         for (t, at) in acc.iter_mut().enumerate() {
             // SAFETY: as above.
@@ -708,7 +792,7 @@ fn micro<S: Simd, const MR: usize, const NT: usize>(
         let yt = &mut y[t * ldy..][..mr];
         for (i, out) in yt.iter_mut().enumerate() {
             // Column tail when k % LANES != 0 (plain types only).
-            let tail: f32 = (main..kc).map(|j| tile[i * KC + j] * x[t * ldx + j]).sum();
+            let tail: f32 = (main..kc).map(|j| tile[i * kc + j] * x[t * ldx + j]).sum();
             let v = sums[i] + tail;
             *out = if first { v } else { *out + v };
         }
