@@ -9,8 +9,8 @@ use kiln_cpu::{CpuBackend, CpuBuf, CpuStep, CpuWeight};
 use kiln_cuda::{CudaBackend, CudaBuf, CudaStep, CudaWeight};
 use kiln_gguf::Gguf;
 use kiln_model::{
-    AttnParams, Backend, GraphKey, HeadsPart, KvDst, ModelError, PastKv, Result, RopeConfig,
-    StepInput,
+    AttnParams, Backend, GraphKey, HeadsPart, KvBinding, KvDst, KvStore, ModelError, PastKv,
+    Result, RopeConfig, StepInput,
 };
 
 pub enum AnyBackend {
@@ -447,6 +447,94 @@ impl Backend for AnyBackend {
             ff,
             S::buf_mut(out)?
         ))
+    }
+
+    fn attention_batch<'c>(
+        &self,
+        layer: usize,
+        q: &AnyBuf,
+        cur_k: &AnyBuf,
+        cur_v: &AnyBuf,
+        pasts: &mut dyn Iterator<Item = Option<PastKv<'c, Self>>>,
+        params: &[AttnParams],
+        step: &AnyStep,
+        out: &mut AnyBuf,
+    ) -> Result<()> {
+        on!(self, |b, S| {
+            // A foreign cache fails the call once the inner one returns.
+            let mut bad = None;
+            let mut inner = pasts.map(|p| {
+                past::<S>(p).unwrap_or_else(|e| {
+                    bad.get_or_insert(e);
+                    None
+                })
+            });
+            let r = b.attention_batch(
+                layer,
+                S::buf(q)?,
+                S::buf(cur_k)?,
+                S::buf(cur_v)?,
+                &mut inner,
+                params,
+                S::step(step)?,
+                S::buf_mut(out)?,
+            );
+            drop(inner);
+            bad.map_or(r, Err)
+        })
+    }
+
+    fn bind_kv(
+        &self,
+        step: &mut AnyStep,
+        seq: usize,
+        layer: usize,
+        kv: Option<KvBinding<'_, Self>>,
+    ) -> Result<()> {
+        on!(self, |b, S| {
+            let kv = match kv {
+                Some(kv) => Some(KvBinding {
+                    k: S::buf(kv.k)?,
+                    v: S::buf(kv.v)?,
+                    rows: kv.rows,
+                }),
+                None => None,
+            };
+            b.bind_kv(S::step_mut(step)?, seq, layer, kv)
+        })
+    }
+
+    fn replays_steps(&self) -> bool {
+        on!(self, |b, S| b.replays_steps())
+    }
+
+    fn store_kv_batch<'c>(
+        &self,
+        layer: usize,
+        k: &AnyBuf,
+        v: &AnyBuf,
+        stores: &mut dyn Iterator<Item = Result<KvStore<'c, Self>>>,
+        step: &AnyStep,
+    ) -> Result<()> {
+        on!(self, |b, S| {
+            let mut inner = stores.map(|st| {
+                let st = st?;
+                Ok(KvStore {
+                    dst: KvDst {
+                        k: S::buf_mut(st.dst.k)?,
+                        v: S::buf_mut(st.dst.v)?,
+                        rows: st.dst.rows,
+                        row_len: st.dst.row_len,
+                        ring: st.dst.ring,
+                    },
+                    src_row0: st.src_row0,
+                    n: st.n,
+                    p0: st.p0,
+                    seq: st.seq,
+                })
+            });
+            b.store_kv_batch(layer, S::buf(k)?, S::buf(v)?, &mut inner, S::step(step)?)
+        })
     }
 
     fn gelu_mul(&self, gate: &mut AnyBuf, up: &AnyBuf, n: usize) -> Result<()> {
