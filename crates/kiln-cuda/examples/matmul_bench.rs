@@ -2,7 +2,9 @@
 //! weight type at the Gemma 3 270M / 1B / 4B matrix shapes (FFN up, FFN
 //! down, the 262,144-row LM head), for the decode GEMV (1 token), the
 //! batched-decode GEMM (2 to 64 tokens: `KILN_CUDA_SKINNY=0` times the
-//! older per-warp and SGEMM paths instead) and the greedy argmax head.
+//! older per-warp and SGEMM paths instead) and the greedy argmax head
+//! (`KILN_CUDA_STREAM=0` times the register-only GEMV and one-row head
+//! instead of the shared-memory streaming ones).
 //!
 //! ```sh
 //! cargo run --release -p kiln-cuda --example matmul_bench            # every type
@@ -64,7 +66,7 @@ type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 /// Token rows of the matmul lines (1: the decode GEMV; more: a batched
 /// decode step's GEMM) and of the argmax-head lines.
 const TOKENS: [usize; 7] = [1, 2, 4, 8, 16, 32, 64];
-const ARGMAX_ROWS: [usize; 4] = [1, 8, 32, 64];
+const ARGMAX_ROWS: [usize; 6] = [1, 2, 4, 8, 32, 64];
 
 const REPS: usize = 50;
 const SAMPLES: usize = 15;
