@@ -8,6 +8,7 @@ use kiln_quant::GgmlType;
 
 use super::kern::{self, GemmShape, Simd};
 use super::rows;
+use super::tile;
 
 /// Proof that the CPU has AVX2, FMA and F16C.
 #[derive(Clone, Copy)]

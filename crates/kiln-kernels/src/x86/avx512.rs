@@ -7,6 +7,7 @@ use kiln_quant::GgmlType;
 
 use super::kern::{self, GemmShape, Simd};
 use super::rows;
+use super::tile;
 
 /// Proof that the CPU has AVX-512 F/BW/VL, AVX2, FMA and F16C.
 #[derive(Clone, Copy)]

@@ -44,7 +44,7 @@ macro_rules! entry_points {
                 x,
                 kern::Out::Slice(y),
                 sh,
-                kern::Micro::<$gemm_rows, $gemm_cols>,
+                tile::Micro::<$gemm_rows, $gemm_cols>,
             )
         }
 
@@ -125,6 +125,7 @@ mod kern;
 mod qdot;
 mod rows;
 mod screen;
+mod tile;
 
 use kiln_quant::GgmlType;
 
