@@ -83,8 +83,12 @@ impl<B: Backend> Runner<B> {
         if self.fall_back_to_cpu(&e, &format!("in the step of token {id}"), true)? {
             return self.step_once(id, output);
         }
-        // The cache may hold this step's row, which `cached` does not list.
-        if self.cache.len() != self.cached.len() && self.cache.truncate(self.cached.len()).is_err()
+        // The cache may hold this step's row, which `cached` does not
+        // list, or fewer rows than it lists (a failed forward).
+        if self.cache.len() < self.cached.len() {
+            self.cached.truncate(self.cache.len());
+        } else if self.cache.len() > self.cached.len()
+            && self.cache.truncate(self.cached.len()).is_err()
         {
             self.reset();
         }
@@ -276,14 +280,10 @@ impl<B: Backend> Runner<B> {
         let r = self
             .pool
             .install(|| model.forward(&[id], cache, scratch, output, buf));
-        let r = match r {
-            Ok(r) => r,
-            Err(e) => {
-                // A failed forward may have emptied the cache.
-                self.cached.truncate(self.cache.len());
-                return Err(e.into());
-            }
-        };
+        // A failed forward may have emptied the cache; `cached` still
+        // lists its tokens, for `step` to recompute them on the CPU or
+        // to trim to what the cache kept.
+        let r = r?;
         if output == Output::LastLogits {
             // Caught here, not by the sampler, so that the step can be
             // redone (on the CPU) before its logits are used.
