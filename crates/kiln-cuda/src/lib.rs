@@ -207,6 +207,10 @@ impl Backend for CudaBackend {
         "cuda"
     }
 
+    fn device_memory_free(&self) -> Option<usize> {
+        self.memory_info().ok().map(|(free, _)| free)
+    }
+
     fn load_weight(&self, gguf: &Arc<Gguf>, name: &str) -> Result<CudaWeight> {
         weight::upload(&self.gpu, gguf, name)
     }

@@ -635,6 +635,10 @@ impl Backend for AnyBackend {
         on!(self, |b, S| b.run_step(key, f))
     }
 
+    fn device_memory_free(&self) -> Option<usize> {
+        on!(self, |b, S| b.device_memory_free())
+    }
+
     fn cpu_fallback(&self, threads: usize) -> Option<Self> {
         match self {
             AnyBackend::Cpu(_) => None,

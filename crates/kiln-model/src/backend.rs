@@ -522,6 +522,13 @@ pub trait Backend: Send + Sync {
         f()
     }
 
+    /// Bytes of memory free on the device that holds this backend's
+    /// buffers, for sizing a KV pool there; `None` when the buffers live
+    /// in host memory (the CPU), where the caller picks its own budget.
+    fn device_memory_free(&self) -> Option<usize> {
+        None
+    }
+
     /// A CPU backend of the same type to redo a step on when this one
     /// produced a non-finite value (a device backend offers one; the CPU
     /// has nothing to fall back to). `threads` sizes its kernels' pool

@@ -48,11 +48,12 @@ pub struct Args {
     #[arg(long, value_name = "PORT", default_value_t = 8080)]
     pub port: u16,
     /// Most sequences generating at once (default: as many full-context KV
-    /// caches as fit --kv-budget, between 1 and 16).
+    /// caches as fit --kv-budget, between 1 and 16; up to 64 on a GPU).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub parallel: Option<u32>,
     /// KV cache memory for running sequences and the prefix cache, e.g.
-    /// 512M, 2G, 1GiB or a byte count (default 1G).
+    /// 512M, 2G, 1GiB or a byte count (default 1G; on a GPU, half the
+    /// device memory free once the weights are loaded).
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub kv_budget: Option<usize>,
     /// Most sequences waiting for a slot before requests get 429 (default:

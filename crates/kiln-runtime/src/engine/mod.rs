@@ -71,14 +71,15 @@ pub use prefix::kv_bytes;
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct EngineConfig {
     /// Most sequences in flight; 0 = as many caches of `max_context`
-    /// positions as fit the budget, between 1 and 16.
+    /// positions as fit the budget, between 1 and 16 (64 on a GPU).
     pub parallel: usize,
     /// Positions per sequence (prompt + generated); 0 = the model's
     /// context length capped at 8,192; larger values are capped by the
     /// model's.
     pub max_context: usize,
     /// Bytes of KV cache for running sequences and the prefix cache
-    /// together; 0 = 1 GiB.
+    /// together; 0 = half the device memory free after loading on a GPU
+    /// (at least 1 GiB), 1 GiB on the CPU.
     pub kv_budget_bytes: usize,
     /// Most sequences waiting for admission before [`SubmitError::Busy`];
     /// 0 = `max(64, 4 * parallel)`.

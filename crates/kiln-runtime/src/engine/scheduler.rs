@@ -35,18 +35,28 @@ pub(crate) struct Limits {
 }
 
 impl Limits {
-    pub fn resolve(cfg: &EngineConfig, model: &ModelConfig) -> Limits {
+    /// `device_free`: bytes free on the device that holds the KV
+    /// ([`Backend::device_memory_free`]; `None` on the CPU).
+    pub fn resolve(cfg: &EngineConfig, model: &ModelConfig, device_free: Option<usize>) -> Limits {
         let ctx = model.context_length;
         let max_context = match cfg.max_context {
             0 => ctx.min(8192),
             n => n.min(ctx),
         };
-        let kv_budget_bytes = match cfg.kv_budget_bytes {
-            0 => 1 << 30,
-            n => n,
+        // On a device, half of what is free once the weights are there:
+        // the rest is left to step buffers, graphs and other processes.
+        // Caches grow as sequences do, so a large budget costs nothing
+        // until it is used.
+        let kv_budget_bytes = match (cfg.kv_budget_bytes, device_free) {
+            (0, Some(free)) => (free / 2).max(1 << 30),
+            (0, None) => 1 << 30,
+            (n, _) => n,
         };
+        // A GPU step takes 64 rows for about the time of one (one weight
+        // read); a CPU step's cost grows with its rows.
+        let most = if device_free.is_some() { 64 } else { 16 };
         let parallel = match cfg.parallel {
-            0 => (kv_budget_bytes / kv_bytes(model, max_context).max(1)).clamp(1, 16),
+            0 => (kv_budget_bytes / kv_bytes(model, max_context).max(1)).clamp(1, most),
             n => n,
         };
         Limits {
@@ -134,7 +144,7 @@ pub(crate) fn run<B, F>(
             return shared.set_state(EngineState::Stopped("loading the model panicked".into()))
         }
     };
-    let limits = Limits::resolve(&cfg, &model.config);
+    let limits = Limits::resolve(&cfg, &model.config, model.backend().device_memory_free());
     let scratch = match model.new_scratch(limits.step_tokens + limits.parallel) {
         Ok(s) => s,
         Err(e) => return shared.set_state(EngineState::Stopped(format!("step buffers: {e}"))),

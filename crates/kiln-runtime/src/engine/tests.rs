@@ -246,11 +246,24 @@ fn limits_default_from_the_budget() {
             ..Default::default()
         },
         &cfg,
+        None,
     );
     assert_eq!(
         (l.parallel, l.max_context, l.max_queue, l.step_tokens),
         (3, 1024, 64, 256)
     );
+    // On a device the default budget is half the free memory, and up to
+    // 64 sequences run by default.
+    let free = 200 * per_seq;
+    let l = scheduler::Limits::resolve(&EngineConfig::default(), &cfg, Some(free));
+    assert_eq!(l.kv_budget_bytes, (free / 2).max(1 << 30));
+    assert_eq!(
+        l.parallel,
+        (l.kv_budget_bytes / kv_bytes(&cfg, l.max_context)).clamp(1, 64)
+    );
+    let cpu = scheduler::Limits::resolve(&EngineConfig::default(), &cfg, None);
+    assert_eq!(cpu.kv_budget_bytes, 1 << 30);
+    assert!(cpu.parallel <= 16);
 }
 
 #[test]
