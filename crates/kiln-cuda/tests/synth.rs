@@ -185,6 +185,7 @@ fn synthetic_batched_decode_matches_cpu_alone() {
                     cache,
                     output,
                     out,
+                    sampler: None,
                 })
                 .collect();
             let results = gpu.forward_batch(&mut batch, &mut s).unwrap();

@@ -490,6 +490,7 @@ impl<'t, B: Backend> Scheduler<'t, B> {
                 cache: &mut seq.cache,
                 output,
                 out: &mut seq.out,
+                sampler: None,
             });
             order.push(i);
         }
