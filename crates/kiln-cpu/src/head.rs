@@ -315,10 +315,10 @@ fn screened(
 /// The sampling head's picks over logits rows `[ids.len(), v]` (already
 /// softcapped): row `j` with the `j`-th of `states` (its words updated in
 /// place; None: the argmax, `u32::MAX` when a logit is NaN or +inf).
-pub(crate) fn sample_ids<'c>(
+pub(crate) fn sample_ids(
     logits: &[f32],
     v: usize,
-    states: &mut dyn Iterator<Item = Option<&'c mut crate::CpuBuf>>,
+    states: &mut dyn Iterator<Item = Option<&mut crate::CpuBuf>>,
     ids: &mut [u32],
 ) -> Result<()> {
     let mut row = Vec::with_capacity(v);

@@ -524,13 +524,13 @@ impl Backend for CpuBackend {
 
     /// Logits of the rows, then the scalar sampler on each (the reference
     /// the device heads are held to).
-    fn sample_head<'c>(
+    fn sample_head(
         &self,
         w: &CpuWeight,
         h: &CpuBuf,
         rows: std::ops::Range<usize>,
         softcap: Option<f32>,
-        states: &mut dyn Iterator<Item = Option<&'c mut CpuBuf>>,
+        states: &mut dyn Iterator<Item = Option<&mut CpuBuf>>,
         logits: &mut CpuBuf,
         step: &mut CpuStep,
     ) -> Result<()> {

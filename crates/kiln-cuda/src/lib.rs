@@ -558,13 +558,13 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
-    fn sample_head<'c>(
+    fn sample_head(
         &self,
         w: &CudaWeight,
         h: &CudaBuf,
         rows: std::ops::Range<usize>,
         softcap: Option<f32>,
-        _states: &mut dyn Iterator<Item = Option<&'c mut CudaBuf>>,
+        _states: &mut dyn Iterator<Item = Option<&mut CudaBuf>>,
         logits: &mut CudaBuf,
         step: &mut CudaStep,
     ) -> Result<()> {

@@ -638,13 +638,13 @@ impl Backend for AnyBackend {
         })
     }
 
-    fn sample_head<'c>(
+    fn sample_head(
         &self,
         w: &AnyWeight,
         h: &AnyBuf,
         rows: std::ops::Range<usize>,
         softcap: Option<f32>,
-        states: &mut dyn Iterator<Item = Option<&'c mut AnyBuf>>,
+        states: &mut dyn Iterator<Item = Option<&mut AnyBuf>>,
         logits: &mut AnyBuf,
         step: &mut AnyStep,
     ) -> Result<()> {

@@ -536,13 +536,13 @@ pub trait Backend: Send + Sync {
     /// ([`Backend::read_ids`]), each state updated in place. `u32::MAX`
     /// marks a row that could not be sampled (the others stand).
     #[allow(clippy::too_many_arguments)]
-    fn sample_head<'c>(
+    fn sample_head(
         &self,
         w: &Self::Weight,
         h: &Self::Buf,
         rows: std::ops::Range<usize>,
         softcap: Option<f32>,
-        states: &mut dyn Iterator<Item = Option<&'c mut Self::Buf>>,
+        states: &mut dyn Iterator<Item = Option<&mut Self::Buf>>,
         logits: &mut Self::Buf,
         step: &mut Self::Step,
     ) -> Result<()>;
