@@ -85,7 +85,8 @@ __device__ float block_max(float v, float* w) {
     __syncthreads();
     if (threadIdx.x % WARP == 0) w[threadIdx.x / WARP] = v;
     __syncthreads();
-    v = threadIdx.x < blockDim.x / WARP ? w[threadIdx.x] : -INFINITY;
+    const u32 lane = threadIdx.x % WARP;
+    v = lane < blockDim.x / WARP ? w[lane] : -INFINITY;
     return warp_max(v);
 }
 
