@@ -403,14 +403,14 @@ mod tests {
             ..spec()
         };
         let mut st = state_words(&s, &[]);
-        assert_eq!(sample_row(&mut vec![1.0, 3.0, 2.0], &mut st), 0);
+        assert_eq!(sample_row(&mut [1.0, 3.0, 2.0], &mut st), 0);
         s.logit_bias.clear();
         s.presence_penalty = 2.0;
         s.penalty_last_n = 4;
         let mut st = state_words(&s, &[1]);
-        assert_eq!(sample_row(&mut vec![1.0, 3.0, 2.0], &mut st), 2);
+        assert_eq!(sample_row(&mut [1.0, 3.0, 2.0], &mut st), 2);
         // The ring took 2: now both 1 and 2 are penalized.
-        assert_eq!(sample_row(&mut vec![1.0, 3.0, 2.5], &mut st), 0);
+        assert_eq!(sample_row(&mut [1.0, 3.0, 2.5], &mut st), 0);
     }
 
     #[test]
@@ -431,8 +431,8 @@ mod tests {
     #[test]
     fn bad_rows_and_logprobs() {
         let mut st = state_words(&spec(), &[]);
-        assert_eq!(sample_row(&mut vec![0.0, f32::NAN], &mut st), u32::MAX);
-        let all_banned = &mut vec![f32::NEG_INFINITY; 4];
+        assert_eq!(sample_row(&mut [0.0, f32::NAN], &mut st), u32::MAX);
+        let all_banned = &mut [f32::NEG_INFINITY; 4];
         assert_eq!(sample_row(all_banned, &mut st), u32::MAX);
         let s = SampleSpec {
             temperature: 0.0,
@@ -440,7 +440,7 @@ mod tests {
             ..spec()
         };
         let mut st = state_words(&s, &[]);
-        let id = sample_row(&mut vec![0.0, 2.0, 2.0, -1.0], &mut st);
+        let id = sample_row(&mut [0.0, 2.0, 2.0, -1.0], &mut st);
         let got = Sampled::parse(&st[OUT..OUT + 6]);
         assert_eq!((id, got.id), (1, 1));
         assert_eq!(got.top.iter().map(|t| t.0).collect::<Vec<_>>(), [1, 2]);
