@@ -73,6 +73,7 @@ fn run(m: &Model<CpuBackend>, s: usize, output: Output) -> f64 {
                 cache,
                 output,
                 out,
+                sampler: None,
             })
             .collect();
         let results = m.forward_batch(&mut batch, &mut scratch).unwrap();

@@ -311,3 +311,24 @@ fn screened(
     }
     Ok(())
 }
+
+/// The sampling head's picks over logits rows `[ids.len(), v]` (already
+/// softcapped): row `j` with the `j`-th of `states` (its words updated in
+/// place; None: the argmax, `u32::MAX` when a logit is NaN or +inf).
+pub(crate) fn sample_ids(
+    logits: &[f32],
+    v: usize,
+    states: &mut dyn Iterator<Item = Option<&mut crate::CpuBuf>>,
+    ids: &mut [u32],
+) -> Result<()> {
+    let mut row = Vec::with_capacity(v);
+    for (j, id) in ids.iter_mut().enumerate() {
+        row.clear();
+        row.extend_from_slice(&logits[j * v..(j + 1) * v]);
+        *id = match states.next().flatten() {
+            Some(st) => kiln_model::sample::sample_row(&mut row, st),
+            None => kiln_model::sample::argmax_row(&row),
+        };
+    }
+    Ok(())
+}

@@ -522,6 +522,27 @@ impl Backend for CpuBackend {
         self.lm_head_into(w, h, n_tok, softcap, out)
     }
 
+    /// Logits of the rows, then the scalar sampler on each (the reference
+    /// the device heads are held to).
+    fn sample_head(
+        &self,
+        w: &CpuWeight,
+        h: &CpuBuf,
+        rows: std::ops::Range<usize>,
+        softcap: Option<f32>,
+        states: &mut dyn Iterator<Item = Option<&mut CpuBuf>>,
+        logits: &mut CpuBuf,
+        step: &mut CpuStep,
+    ) -> Result<()> {
+        check("sample_head", rows.end * w.cols, h.len())?;
+        check("sample_head id", rows.end, step.ids.len())?;
+        let n = rows.len();
+        let v = w.rows;
+        let hr = &h[rows.start * w.cols..rows.end * w.cols];
+        self.lm_head_into(w, hr, n, softcap, &mut logits[..n * v])?;
+        head::sample_ids(&logits[..n * v], v, states, &mut step.ids[rows])
+    }
+
     fn argmax_head(
         &self,
         w: &CpuWeight,

@@ -209,18 +209,21 @@ fn nan_logits_fail_each_batched_sequence_alone() {
             cache: &mut ca,
             output: Output::Argmax,
             out: &mut oa,
+            sampler: None,
         },
         BatchSeq {
             tokens: &b,
             cache: &mut cb,
             output: Output::Argmax,
             out: &mut ob,
+            sampler: None,
         },
         BatchSeq {
             tokens: &a,
             cache: &mut cc,
             output: Output::LastLogits,
             out: &mut oc,
+            sampler: None,
         },
     ];
     let results = m.forward_batch(&mut seqs, &mut s).unwrap();

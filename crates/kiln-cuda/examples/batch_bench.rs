@@ -84,6 +84,7 @@ fn main() {
                         cache,
                         output: Output::Argmax,
                         out,
+                        sampler: None,
                     })
                     .collect();
                 let results = m.forward_batch(&mut seqs, &mut s).unwrap();

@@ -178,6 +178,7 @@ fn time(
         rows: 1,
         kv_bucket: 1,
         buffers: key,
+        sampled: false,
     };
     let mut sync = [0.0f32];
     for _ in 0..2 {

@@ -17,7 +17,8 @@
 //! (capture/replay), `kv_batch.rs` (a step's attention and K/V stores
 //! over all its sequences), `ops.rs` + `kernels/elementwise.cu`, `fused.rs` +
 //! `kernels/fused.cu` (one kernel for several ops), `attention.rs` +
-//! `kernels/attention.cu`, `matmul.rs` + `kernels/{quant.cuh,matmul.cu}`.
+//! `kernels/attention.cu`, `matmul.rs` + `kernels/{quant.cuh,matmul.cu}`,
+//! `sample.rs` + `kernels/sample.cu` (the sampling head).
 
 mod attention;
 mod fused;
@@ -26,6 +27,7 @@ mod graph;
 mod kv_batch;
 mod matmul;
 mod ops;
+mod sample;
 mod step;
 mod weight;
 
@@ -69,7 +71,12 @@ pub fn unavailable_reason() -> Option<String> {
 /// without a GPU; returns each source's name and image size. For tests.
 #[doc(hidden)]
 pub fn compile_kernel_sources(arch: &str) -> Result<Vec<(&'static str, usize)>> {
-    let mut sources = vec![&ops::ELEMENTWISE, &fused::FUSED, &attention::ATTENTION];
+    let mut sources = vec![
+        &ops::ELEMENTWISE,
+        &fused::FUSED,
+        &attention::ATTENTION,
+        &sample::SAMPLE,
+    ];
     sources.extend(matmul::sources());
     sources
         .into_iter()
@@ -107,6 +114,7 @@ pub struct CudaBackend {
     fused: Fused,
     attention: Attention,
     matmul: Matmul,
+    sampling: sample::Sampling,
     graphs: Graphs,
 }
 
@@ -136,6 +144,7 @@ impl CudaBackend {
             fused: Fused::new(&gpu)?,
             attention: Attention::new(&gpu)?,
             matmul: Matmul::new(&gpu)?,
+            sampling: sample::Sampling::new(&gpu)?,
             graphs: Graphs::default(),
             gpu,
         })
@@ -544,6 +553,26 @@ impl Backend for CudaBackend {
             &mut step.ids,
             rows.start,
         )
+    }
+
+    fn bind_sampler(&self, step: &mut CudaStep, j: usize, state: Option<&CudaBuf>) -> Result<()> {
+        if let Some(st) = state {
+            step.bind_sampler(j, self.gpu.ptr(&st.data, 0));
+        }
+        Ok(())
+    }
+
+    fn sample_head(
+        &self,
+        w: &CudaWeight,
+        h: &CudaBuf,
+        rows: std::ops::Range<usize>,
+        softcap: Option<f32>,
+        _states: &mut dyn Iterator<Item = Option<&mut CudaBuf>>,
+        logits: &mut CudaBuf,
+        step: &mut CudaStep,
+    ) -> Result<()> {
+        sample::head(self, w, h, rows, softcap, logits, step)
     }
 
     fn run_step(&self, key: Option<GraphKey>, f: &mut dyn FnMut() -> Result<()>) -> Result<()> {

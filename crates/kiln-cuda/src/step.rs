@@ -22,8 +22,8 @@ pub(crate) struct KvEntry {
 
 /// See the module doc. For a step of `rows` rows, `inputs` holds
 /// `[tokens; rows] [positions; rows] [p0; rows] [row's sequence; rows]
-/// [sequence's p0 + n_rows; rows] [sequence's first row; rows]`, then
-/// (from an even word) the KV
+/// [sequence's p0 + n_rows; rows] [sequence's first row; rows]
+/// [sampler state address of head row j; rows, two words each]`, then the KV
 /// table, `[layer][sequence; rows]` entries of [`ENTRY_WORDS`] (zero: no
 /// cache). Every region's address depends only on the row count (one
 /// graph key), so a captured graph replays with the next step's values,
@@ -39,13 +39,15 @@ pub struct CudaStep {
     staging: Vec<u32>,
     /// Caches bound for the next load: (layer, sequence, entry).
     bound: Vec<(usize, usize, KvEntry)>,
+    /// Sampler states bound for the next load: (head row, address).
+    samplers: Vec<(usize, u64)>,
     /// Layers in the loaded step's KV table.
     layers: usize,
 }
 
 /// Word offset of the KV table in a step of `rows` rows.
 fn table_offset(rows: usize) -> usize {
-    (6 * rows).next_multiple_of(2)
+    8 * rows
 }
 
 impl CudaStep {
@@ -57,6 +59,7 @@ impl CudaStep {
             max_rows,
             staging: Vec::with_capacity(table_offset(max_rows)),
             bound: Vec::new(),
+            samplers: Vec::new(),
             layers: 0,
         })
     }
@@ -66,13 +69,20 @@ impl CudaStep {
         self.bound.push((layer, seq, entry));
     }
 
-    /// Copies `input` and the bound caches to the device (checks that
-    /// they fit); the bindings are consumed either way.
+    /// Records head row `j`'s sampler state (its address) for the next load.
+    pub(crate) fn bind_sampler(&mut self, j: usize, addr: u64) {
+        self.samplers.push((j, addr));
+    }
+
+    /// Copies `input` and the bound caches and samplers to the device
+    /// (checks that they fit); the bindings are consumed either way.
     pub(crate) fn load(&mut self, gpu: &Gpu, input: &StepInput) -> Result<()> {
         let mut bound = std::mem::take(&mut self.bound);
         let r = self.stage(input, &bound);
         bound.clear();
         self.bound = bound;
+        let r = r.and_then(|()| self.stage_samplers(input.rows()));
+        self.samplers.clear();
         r?;
         let need = self.staging.len();
         if need > self.inputs.len() {
@@ -134,6 +144,8 @@ impl CudaStep {
         st.resize(5 * rows, 0);
         // Rows fit in u32: `rows <= max_rows`, a device buffer's count.
         st.extend(input.seqs.iter().map(|s| s.row0 as u32));
+        // The sampler table, filled by `stage_samplers`.
+        st.resize(8 * rows, 0);
         self.layers = bound.iter().map(|&(l, ..)| l + 1).max().unwrap_or(0);
         let table = table_offset(rows);
         st.resize(table + self.layers * rows * ENTRY_WORDS, 0);
@@ -153,6 +165,26 @@ impl CudaStep {
             ]);
         }
         Ok(())
+    }
+
+    /// Writes the bound samplers' addresses into the staged table.
+    fn stage_samplers(&mut self, rows: usize) -> Result<()> {
+        for &(j, addr) in &self.samplers {
+            if j >= rows {
+                return Err(ModelError::Backend(format!(
+                    "a sampler bound for head row {j} of a step of {rows} rows"
+                )));
+            }
+            let at = 6 * rows + 2 * j;
+            self.staging[at] = addr as u32;
+            self.staging[at + 1] = (addr >> 32) as u32;
+        }
+        Ok(())
+    }
+
+    /// Address of the head rows' sampler table (two words a row).
+    pub(crate) fn sampler_table_ptr(&self, gpu: &Gpu) -> u64 {
+        gpu.ptr(&self.inputs, 6 * self.host.rows())
     }
 
     /// Copies the ids of rows `0..out.len()` to the host.

@@ -10,8 +10,9 @@ fn every_kernel_source_compiles() {
     }
     for arch in ["compute_90", "sm_90"] {
         let built = kiln_cuda::compile_kernel_sources(arch).unwrap_or_else(|e| panic!("{e}"));
-        // elementwise, fused, attention and matmul for each of the 13 types.
-        assert_eq!(built.len(), 16, "{built:?}");
+        // elementwise, fused, attention, sample and matmul for each of the
+        // 13 types.
+        assert_eq!(built.len(), 17, "{built:?}");
         for (name, bytes) in built {
             assert!(bytes > 0, "{name} for {arch}: empty image");
         }

@@ -174,6 +174,7 @@ fn batched_vs_alone<B: kiln_model::Backend>(m: &kiln_model::Model<B>, model: &st
             cache,
             output: Output::AllLogits,
             out,
+            sampler: None,
         })
         .collect();
     let results = m.forward_batch(&mut seqs, &mut s).unwrap();

@@ -202,6 +202,7 @@ fn batched_decode_replays_one_graph_per_bucket() {
                         cache,
                         output: Output::Argmax,
                         out,
+                        sampler: None,
                     });
                 }
                 let kv_end = batch.iter().map(|q| q.cache.len() + 1).max().unwrap();
@@ -250,12 +251,14 @@ fn batched_decode_replays_one_graph_per_bucket() {
                     cache: &mut c0[0],
                     output: Output::Argmax,
                     out: o0,
+                    sampler: None,
                 },
                 kiln_model::BatchSeq {
                     tokens: &toks[1],
                     cache: &mut c1[0],
                     output: Output::Argmax,
                     out: o1,
+                    sampler: None,
                 },
             ];
             let before = b.stats();

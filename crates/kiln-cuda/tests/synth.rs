@@ -8,31 +8,13 @@
 
 mod common;
 
-use std::path::PathBuf;
-
 use common::*;
 use kiln_cpu::CpuBackend;
-use kiln_model::{Arch, Model, Output};
-use kiln_synth::{synthesize, Quant, SynthSpec};
+use kiln_model::{Model, Output};
 
 const PROMPT: usize = 512;
 const DECODE: usize = 256;
 const BOUND: f32 = 1e-3;
-
-/// The synthetic file for `size`, written once.
-fn synth_file(size: &str) -> PathBuf {
-    let base = std::env::var_os("KILN_CACHE_DIR").map_or_else(
-        || PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/kiln"),
-        PathBuf::from,
-    );
-    let path = base.join(format!("synth/gemma3-{size}-q4_k_m.gguf"));
-    if !path.exists() {
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        let spec = SynthSpec::new(Arch::Gemma3, size).quant(Quant::Q4KM);
-        synthesize(&spec, &path).unwrap_or_else(|e| panic!("synthesizing {size}: {e}"));
-    }
-    path
-}
 
 /// Top-1 minus top-2 of a logits row.
 fn margin(row: &[f32]) -> f32 {
@@ -185,6 +167,7 @@ fn synthetic_batched_decode_matches_cpu_alone() {
                     cache,
                     output,
                     out,
+                    sampler: None,
                 })
                 .collect();
             let results = gpu.forward_batch(&mut batch, &mut s).unwrap();

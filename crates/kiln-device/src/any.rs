@@ -631,6 +631,46 @@ impl Backend for AnyBackend {
         ))
     }
 
+    fn bind_sampler(&self, step: &mut AnyStep, j: usize, state: Option<&AnyBuf>) -> Result<()> {
+        on!(self, |b, S| {
+            let state = state.map(S::buf).transpose()?;
+            b.bind_sampler(S::step_mut(step)?, j, state)
+        })
+    }
+
+    fn sample_head(
+        &self,
+        w: &AnyWeight,
+        h: &AnyBuf,
+        rows: std::ops::Range<usize>,
+        softcap: Option<f32>,
+        states: &mut dyn Iterator<Item = Option<&mut AnyBuf>>,
+        logits: &mut AnyBuf,
+        step: &mut AnyStep,
+    ) -> Result<()> {
+        on!(self, |b, S| {
+            // A foreign state fails the call once the inner one returns.
+            let mut bad = None;
+            let mut inner = states.map(|st| {
+                st.map(S::buf_mut).transpose().unwrap_or_else(|e| {
+                    bad.get_or_insert(e);
+                    None
+                })
+            });
+            let r = b.sample_head(
+                S::weight(w)?,
+                S::buf(h)?,
+                rows.clone(),
+                softcap,
+                &mut inner,
+                S::buf_mut(logits)?,
+                S::step_mut(step)?,
+            );
+            drop(inner);
+            bad.map_or(r, Err)
+        })
+    }
+
     fn run_step(&self, key: Option<GraphKey>, f: &mut dyn FnMut() -> Result<()>) -> Result<()> {
         on!(self, |b, S| b.run_step(key, f))
     }

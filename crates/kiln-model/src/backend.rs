@@ -91,6 +91,9 @@ pub struct GraphKey {
     /// changes whenever one is reallocated. Caches are not among them:
     /// the ops find them through the step ([`Backend::bind_kv`]).
     pub buffers: u64,
+    /// Whether the step's head samples ([`Backend::sample_head`]) rather
+    /// than takes argmaxes.
+    pub sampled: bool,
 }
 
 /// Shape and masking of one attention call: the query rows
@@ -510,6 +513,37 @@ pub trait Backend: Send + Sync {
         w: &Self::Weight,
         h: &Self::Buf,
         rows: std::ops::Range<usize>,
+        step: &mut Self::Step,
+    ) -> Result<()>;
+
+    /// Records, before [`Backend::load_step`], the sampler state (a
+    /// buffer of [`crate::sample::state_words`]) of the `j`-th row of the
+    /// step's [`Backend::sample_head`]; None: that row takes the argmax.
+    /// A backend that replays steps keeps these in the step's inputs.
+    fn bind_sampler(
+        &self,
+        _step: &mut Self::Step,
+        _j: usize,
+        _state: Option<&Self::Buf>,
+    ) -> Result<()> {
+        Ok(())
+    }
+    /// The sampling head: row `rows.start + j` of `h` against `W`, logits
+    /// softcapped (into `logits`, at least `rows.len() * n_vocab` values),
+    /// then [`crate::sample::sample_row`] with the `j`-th of `states` (the
+    /// states bound with [`Backend::bind_sampler`], in that order; None:
+    /// the argmax) into the step's id `rows.start + j`
+    /// ([`Backend::read_ids`]), each state updated in place. `u32::MAX`
+    /// marks a row that could not be sampled (the others stand).
+    #[allow(clippy::too_many_arguments)]
+    fn sample_head(
+        &self,
+        w: &Self::Weight,
+        h: &Self::Buf,
+        rows: std::ops::Range<usize>,
+        softcap: Option<f32>,
+        states: &mut dyn Iterator<Item = Option<&mut Self::Buf>>,
+        logits: &mut Self::Buf,
         step: &mut Self::Step,
     ) -> Result<()>;
 

@@ -10,6 +10,8 @@ mod config;
 mod error;
 mod kv;
 mod model;
+pub mod rng;
+pub mod sample;
 mod scratch;
 
 pub use backend::{
@@ -19,3 +21,4 @@ pub use config::{Arch, LayerConfig, ModelConfig, MoeConfig, RopeConfig};
 pub use error::{nonfinite_name, ModelError, Result};
 pub use kv::KvCache;
 pub use model::{env_flag, BatchSeq, Model, Output, Scratch, TapStats};
+pub use rng::Rng;

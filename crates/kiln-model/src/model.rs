@@ -18,13 +18,19 @@ pub struct BatchSeq<'a, B: Backend> {
     /// Its cache: the tokens run at positions `cache.len()..`.
     pub cache: &'a mut KvCache<B>,
     pub output: Output,
-    /// Logits or hidden states, resized (untouched for [`Output::Argmax`]).
+    /// Logits or hidden states, resized (untouched for [`Output::Argmax`];
+    /// for [`Output::Sample`], the sampled token's output words when
+    /// logprobs are asked: [`crate::sample::Sampled::parse`]).
     pub out: &'a mut Vec<f32>,
+    /// Its sampler state for [`Output::Sample`] (a buffer of
+    /// [`crate::sample::state_words`], advanced by the step).
+    pub sampler: Option<&'a mut B::Buf>,
 }
 
 /// Where a step's output rows for one sequence lie: `rows` rows from
 /// `row` of the residual stream, gathered to row `dst` of `s.h` in
-/// `group` (0: logits to the host, 1: the argmax head, 2: hidden states).
+/// `group` (0: logits to the host, 1: the argmax or sampling head, 2:
+/// hidden states).
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct OutRows {
     row: usize,
@@ -56,6 +62,19 @@ fn take_logits(output: Output, mine: &[f32], pos: usize, v: usize) -> Result<Opt
     Ok(Some(at as u32))
 }
 
+/// The output words of a sampled sequence that asked for logprobs, into
+/// its `out` (one small download of its state).
+fn sampled_out<B: Backend>(b: &B, q: &mut BatchSeq<'_, B>) -> Result<()> {
+    if let (Output::Sample { logprobs }, Some(st)) = (q.output, q.sampler.as_deref()) {
+        if logprobs > 0 {
+            let k = logprobs.min(crate::sample::LOGPROBS_MAX);
+            q.out.resize(2 + 2 * k, 0.0);
+            b.download(st, crate::sample::OUT, q.out)?;
+        }
+    }
+    Ok(())
+}
+
 /// What a forward call returns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Output {
@@ -73,6 +92,19 @@ pub enum Output {
     AllHidden,
     /// Only the greedy token of the last position (no logits materialised).
     Argmax,
+    /// Only a token of the last position drawn by the sequence's sampler
+    /// ([`BatchSeq::sampler`], [`Backend::sample_head`]): the logits stay
+    /// on the backend; with `logprobs > 0` (at most
+    /// [`crate::sample::LOGPROBS_MAX`]) the token's logprob and that many
+    /// alternatives come back in `out`.
+    Sample { logprobs: usize },
+}
+
+impl Output {
+    /// Whether the step's head picks this sequence's token.
+    fn headed(self) -> bool {
+        matches!(self, Output::Argmax | Output::Sample { .. })
+    }
 }
 
 struct PleLayer<B: Backend> {
@@ -494,6 +526,7 @@ impl<B: Backend> Model<B> {
             cache,
             output,
             out,
+            sampler: None,
         }];
         self.step(&mut seqs, s)?;
         s.results.pop().unwrap_or(Ok(None))
@@ -547,6 +580,11 @@ impl<B: Backend> Model<B> {
                     self.config.n_vocab
                 )));
             }
+            if matches!(q.output, Output::Sample { .. }) && q.sampler.is_none() {
+                return Err(ModelError::Invalid(
+                    "Output::Sample without a sampler".into(),
+                ));
+            }
             if let Output::LogitsFrom(start) = q.output {
                 if start >= len {
                     return Err(ModelError::Invalid(format!(
@@ -574,6 +612,7 @@ impl<B: Backend> Model<B> {
         }
         let r = self
             .bind_caches(seqs, s)
+            .and_then(|()| self.bind_samplers(seqs, s))
             .and_then(|()| self.backend.load_step(&s.input, &mut s.step))
             .and_then(|()| self.run(seqs, s));
         match &r {
@@ -599,7 +638,19 @@ impl<B: Backend> Model<B> {
             && self.config.layers.iter().all(|l| l.moe.is_none())
             && seqs
                 .iter()
-                .all(|q| q.output == Output::Argmax && q.tokens.len() == 1)
+                .all(|q| q.output.headed() && q.tokens.len() == 1)
+    }
+
+    /// Records the sampler of each head row (the `j`-th sequence whose
+    /// token the head picks), when any row samples.
+    fn bind_samplers(&self, seqs: &[BatchSeq<'_, B>], s: &mut Scratch<B>) -> Result<()> {
+        let headed = seqs.iter().filter(|q| q.output.headed());
+        for (j, q) in headed.enumerate() {
+            if let Some(st) = q.sampler.as_deref() {
+                self.backend.bind_sampler(&mut s.step, j, Some(st))?;
+            }
+        }
+        Ok(())
     }
 
     /// Records every sequence's cache of every layer in the step (padding
@@ -638,7 +689,7 @@ impl<B: Backend> Model<B> {
                 _ => (sp.n_rows - 1, 1),
             };
             let group = match q.output {
-                Output::Argmax => 1,
+                Output::Argmax | Output::Sample { .. } => 1,
                 Output::LastHidden | Output::AllHidden => 2,
                 _ => 0,
             };
@@ -662,6 +713,19 @@ impl<B: Backend> Model<B> {
         let pad = s.input.seqs.len() - seqs.len();
         let n_argmax = n_argmax + pad;
         let n_out = at[2] + pad;
+        // A head with a sampled row samples them all (the others take
+        // the argmax in it), into logits kept on the backend.
+        let sampled = seqs
+            .iter()
+            .any(|q| matches!(q.output, Output::Sample { .. }));
+        if sampled {
+            let need = n_argmax.next_power_of_two() * cfg.n_vocab;
+            if s.sample_logits.as_ref().is_none_or(|l| b.buf_len(l) < need) {
+                s.sample_logits = None;
+                s.sample_logits = Some(b.alloc(need)?);
+                s.id = crate::kv::buffer_id();
+            }
+        }
 
         // Caches are found through the step (`bind_caches`), so a key
         // names no cache: any sequences of a bucket replay its graph.
@@ -671,6 +735,7 @@ impl<B: Backend> Model<B> {
                 rows: n,
                 kv_bucket: kv_end.next_power_of_two(),
                 buffers: s.id,
+                sampled,
             }
         });
         let mut body = || -> Result<()> {
@@ -725,8 +790,23 @@ impl<B: Backend> Model<B> {
             if !h_ready {
                 b.rms_norm(&mut s.h, n_out, d, Some(&self.output_norm), cfg.rms_eps)?;
             }
-            if n_argmax > 0 {
-                b.argmax_head(head, &s.h, n_logits..n_logits + n_argmax, &mut s.step)?;
+            let head_rows = n_logits..n_logits + n_argmax;
+            if let (true, Some(logits)) = (sampled, s.sample_logits.as_mut()) {
+                let real = seqs.iter_mut().filter(|q| q.output.headed());
+                let mut states = real
+                    .map(|q| q.sampler.as_deref_mut())
+                    .chain(std::iter::repeat_with(|| None).take(pad));
+                b.sample_head(
+                    head,
+                    &s.h,
+                    head_rows,
+                    cfg.final_softcap,
+                    &mut states,
+                    logits,
+                    &mut s.step,
+                )?;
+            } else if n_argmax > 0 {
+                b.argmax_head(head, &s.h, head_rows, &mut s.step)?;
             }
             Ok(())
         };
@@ -789,7 +869,7 @@ impl<B: Backend> Model<B> {
                             value: f32::NAN,
                         })
                     } else {
-                        Ok(Some(id))
+                        sampled_out(b, q).map(|()| Some(id))
                     }
                 }
                 2 => {

@@ -56,6 +56,9 @@ pub struct Scratch<B: Backend> {
     pub(crate) moe_up: B::Buf,
     pub(crate) moe_out: B::Buf,
     pub(crate) logits: Option<B::Buf>,
+    /// Logits of the sampling head's rows, kept on the backend (grown by
+    /// powers of two; a growth changes `id`).
+    pub(crate) sample_logits: Option<B::Buf>,
     /// Logits of a step's output rows on the host, split per sequence.
     pub(crate) logits_host: Vec<f32>,
     /// The argmax head's ids of a step, read back at once.
@@ -145,6 +148,7 @@ impl<B: Backend> Scratch<B> {
             moe_up: b.alloc(n * eff)?,
             moe_out: b.alloc(if ne > 0 { n * d } else { 0 })?,
             logits: None,
+            sample_logits: None,
             logits_host: Vec::new(),
             ids_host: Vec::new(),
             plan: Vec::new(),

@@ -19,6 +19,7 @@
 pub mod bucket;
 pub mod chat;
 pub mod constrain;
+pub mod device_sample;
 pub mod engine;
 pub mod error;
 pub mod perplexity;

@@ -101,6 +101,7 @@ pub fn check_batched_greedy_heads() {
                     cache,
                     output: Output::Argmax,
                     out,
+                    sampler: None,
                 })
                 .collect();
             let got = m.forward_batch(&mut seqs, &mut s).unwrap();

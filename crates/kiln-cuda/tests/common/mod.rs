@@ -183,3 +183,22 @@ pub fn max_diff(a: &[f32], b: &[f32]) -> (f32, f32) {
     let m = b.iter().map(|x| x.abs()).fold(0.0f32, f32::max);
     (d, m)
 }
+
+/// The synthetic file for `size`, written once.
+pub fn synth_file(size: &str) -> std::path::PathBuf {
+    let base = std::env::var_os("KILN_CACHE_DIR").map_or_else(
+        || {
+            std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                .join(".cache/kiln")
+        },
+        std::path::PathBuf::from,
+    );
+    let path = base.join(format!("synth/gemma3-{size}-q4_k_m.gguf"));
+    if !path.exists() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let spec = kiln_synth::SynthSpec::new(kiln_model::Arch::Gemma3, size)
+            .quant(kiln_synth::Quant::Q4KM);
+        kiln_synth::synthesize(&spec, &path).unwrap_or_else(|e| panic!("synthesizing {size}: {e}"));
+    }
+    path
+}

@@ -66,6 +66,8 @@ use crate::session::FinishReason;
 
 pub use metrics::{EngineMetrics, Histogram};
 pub use prefix::kv_bytes;
+#[cfg(test)]
+pub(crate) use sequence::token_logprob as token_logprob_for_tests;
 
 /// How the engine runs; zeros pick the defaults described per field.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

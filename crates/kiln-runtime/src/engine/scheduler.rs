@@ -18,8 +18,10 @@ use super::prefix::{kv_bytes, PrefixCache};
 use super::sequence::{Embedding, Generating, Outcome, Seq, Work};
 use super::{Command, EngineConfig, EngineError, EngineState, Event, Job, Pooling, Shared};
 use crate::constrain::Constraint;
+use crate::device_sample;
 use crate::sampling::{Sampler, SamplingParams};
 use crate::stop::StopMatcher;
+use kiln_model::sample::state_words;
 
 /// Most finished caches the prefix cache keeps (besides the byte budget).
 const PREFIX_ENTRIES: usize = 64;
@@ -414,6 +416,7 @@ impl<'t, B: Backend> Scheduler<'t, B> {
         let m = self.metrics();
         EngineMetrics::add(&m.prompt_tokens, p.prompt.len());
         EngineMetrics::add(&m.prefix_hit_tokens, fed.len());
+        let mut head_state = None;
         let work = match p.kind {
             PendingKind::Embed(pooling) => Work::Embed(Embedding {
                 pooling,
@@ -428,6 +431,17 @@ impl<'t, B: Backend> Scheduler<'t, B> {
                 params.seed = params.seed.wrapping_add(p.index as u64);
                 let constraint = constraint.take();
                 let argmax_head = params.is_greedy() && logprobs.is_none() && constraint.is_none();
+                // Every other request the model's sampling head takes keeps
+                // its logits on the backend; `head_spec` names those it
+                // cannot take (sampled on the host from downloaded logits).
+                if !argmax_head {
+                    let n_vocab = self.model.config.n_vocab;
+                    let b = self.model.backend();
+                    head_state =
+                        device_sample::head_spec(&params, logprobs, constraint.is_some(), n_vocab)
+                            .ok()
+                            .and_then(|spec| b.upload(&state_words(&spec, &p.prompt)).ok());
+                }
                 let stop = StopMatcher::new(params.stop.clone());
                 let mut sampler = match Sampler::new(params) {
                     Ok(s) => s,
@@ -462,6 +476,7 @@ impl<'t, B: Backend> Scheduler<'t, B> {
             next: [0],
             out: Vec::new(),
             max_positions: positions,
+            head_state,
             work,
         })
     }
@@ -500,6 +515,7 @@ impl<'t, B: Backend> Scheduler<'t, B> {
                 cache: &mut seq.cache,
                 output,
                 out: &mut seq.out,
+                sampler: seq.head_state.as_mut(),
             });
             order.push(i);
         }

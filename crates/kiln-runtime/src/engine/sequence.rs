@@ -3,6 +3,7 @@
 
 use std::time::Instant;
 
+use kiln_model::sample::Sampled;
 use kiln_model::{Backend, KvCache, Output};
 use kiln_tokenizer::StreamDecoder;
 use tokio::sync::mpsc::UnboundedSender;
@@ -60,6 +61,9 @@ pub(crate) struct Seq<'t, B: Backend> {
     pub max_positions: usize,
     /// Prompt tokens reused from the prefix cache.
     pub cached_tokens: usize,
+    /// Its sampler state on the backend when the model's sampling head
+    /// picks its tokens ([`Output::Sample`]; None: argmax head or host).
+    pub head_state: Option<B::Buf>,
     pub work: Work<'t>,
 }
 
@@ -87,6 +91,9 @@ impl<'t, B: Backend> Seq<'t, B> {
                 Output::LastHidden
             }
             Work::Generate(g) if g.argmax_head => Output::Argmax,
+            Work::Generate(g) if self.head_state.is_some() => Output::Sample {
+                logprobs: g.logprobs.unwrap_or(0),
+            },
             Work::Generate(_) => Output::LastLogits,
         }
     }
@@ -155,7 +162,18 @@ impl<'t, B: Backend> Seq<'t, B> {
                         }
                     }
                 };
-                let logprob = g.logprobs.map(|k| token_logprob(&self.out, id, k));
+                let headed = self.head_state.is_some();
+                let logprob = g.logprobs.map(|k| match headed {
+                    true => {
+                        let s = Sampled::parse(&self.out);
+                        TokenLogprob {
+                            id,
+                            logprob: s.logprob,
+                            top: s.top,
+                        }
+                    }
+                    false => token_logprob(&self.out, id, k),
+                });
                 let now = Instant::now();
                 match g.last_token_at {
                     None => metrics.time_to_first_token.observe(now - self.arrived),

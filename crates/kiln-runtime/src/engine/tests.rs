@@ -438,3 +438,45 @@ fn stop_strings_end_the_choice_and_are_not_emitted() {
     assert_eq!(done.finish, FinishReason::StopString(0));
     assert_eq!(cut, text[..text.find(&stop).unwrap()]);
 }
+
+/// Sampled requests (penalties, bias, top-k/top-p/min-p) go through the
+/// model's sampling head; their tokens equal `Session::generate`'s, whose
+/// host `Sampler` draws from downloaded logits.
+#[test]
+fn head_sampled_requests_equal_session_generate() {
+    let mut session = Session::load(fixture_path(), SessionOptions::default()).unwrap();
+    let (engine, tok) = start(EngineConfig {
+        step_tokens: 8,
+        ..Default::default()
+    });
+    let params = |i: u64| SamplingParams {
+        temperature: [0.0, 0.8, 1.3][i as usize % 3],
+        top_k: [0, 40, 5][i as usize % 3],
+        top_p: [1.0, 0.9, 1.0][i as usize % 3],
+        min_p: [0.0, 0.0, 0.05][i as usize % 3],
+        repetition_penalty: 1.2,
+        frequency_penalty: 0.3,
+        presence_penalty: 0.2,
+        logit_bias: [(5, 2.0), (6, f32::NEG_INFINITY)].into_iter().collect(),
+        seed: 11 + i,
+        max_tokens: 12,
+        ignore_eos: true,
+        ..Default::default()
+    };
+    let prompts = prompts(&tok);
+    let rxs: Vec<_> = (0..prompts.len())
+        .map(|i| {
+            let job = GenerateJob::new(prompts[i].clone(), params(i as u64));
+            engine.submit(Job::Generate(job)).unwrap()
+        })
+        .collect();
+    for (i, rx) in rxs.into_iter().enumerate() {
+        let (ids, _, _) = choice(&collect(rx), 0);
+        let p = params(i as u64);
+        assert!(crate::device_sample::head_spec(&p, None, false, 768).is_ok());
+        let want = session
+            .generate(&prompts[i], &p, |_| std::ops::ControlFlow::Continue(()))
+            .unwrap();
+        assert_eq!(ids, want.tokens, "prompt {i}");
+    }
+}
