@@ -1,6 +1,7 @@
 //! The packed-weight ops of the CUDA backend (matmul: GEMV, the tiled
-//! batched-decode GEMM with and without its split along k, and dequant +
-//! SGEMM prefill; embed; the greedy argmax head, one and several rows) held to
+//! batched-decode GEMM with and without its split along k, the tensor-core
+//! GEMM from 16 token rows (`KILN_CUDA_MMA=0`: dequant + SGEMM prefill
+//! and the tiled GEMM instead; run both); embed; the greedy argmax head, one and several rows) held to
 //! their CPU twin for every weight type: random weights packed by
 //! kiln-quant, dequantized by kiln-quant, dotted in f64.
 //!
@@ -256,6 +257,35 @@ fn prefill_crosses_dequant_workspace_chunks() {
         let w = upload(&be, ty, rows, cols, bytes);
         fails.extend(check_matmul(&be, &w, 0, rows, 80, &mut rng));
         fails.extend(check_matmul(&be, &w, 30, 2060, 65, &mut rng));
+    }
+    report(fails);
+}
+
+/// The tensor-core GEMM's largest CTA (128 weight rows x 64 tokens, taken
+/// when its tiles fill the GPU) on prefill-sized products, for the types
+/// real models use; smaller shapes and splits along k are covered above
+/// (from 16 token rows). `KILN_CUDA_MMA=0` runs the same checks on SGEMM.
+#[test]
+fn prefill_sized_products_match_cpu() {
+    let Some(be) = backend() else { return };
+    let mut rng = Rng(41);
+    let mut fails = Vec::new();
+    let types = [
+        GgmlType::Q4K,
+        GgmlType::Q6K,
+        GgmlType::Q8_0,
+        GgmlType::F16,
+        GgmlType::BF16,
+        GgmlType::F32,
+    ];
+    for ty in types {
+        // 4224 rows x 512 tokens: 33 x 8 tiles of 128 x 64; 256 columns
+        // (one K-quant block) keep the f64 reference quick.
+        let (rows, cols) = (4224, 256);
+        let bytes = pack(ty, &rng.floats(rows * cols, 1.0), &mut rng);
+        let w = upload(&be, ty, rows, cols, bytes);
+        fails.extend(check_matmul(&be, &w, 0, rows, 512, &mut rng));
+        fails.extend(check_matmul(&be, &w, 5, rows - 100, 300, &mut rng));
     }
     report(fails);
 }

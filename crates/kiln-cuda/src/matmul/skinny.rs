@@ -42,6 +42,50 @@ fn token_tile(n_tok: usize) -> usize {
 }
 
 impl Matmul {
+    /// `(splits, units per split)` of a GEMM of `tiles` CTAs over `n_units`
+    /// 8-value units with `outputs` results: one split when the tiles fill
+    /// `CTAS_PER_SM` per SM, else enough to, each at least
+    /// `MIN_SPLIT_UNITS` long (a multiple of `step` units), their partial
+    /// sums within the `SPLIT_FLOATS` workspace.
+    pub(super) fn split_k(
+        &self,
+        tiles: usize,
+        n_units: usize,
+        outputs: usize,
+        step: usize,
+    ) -> (usize, usize) {
+        let target = CTAS_PER_SM * self.sms;
+        let splits = if tiles >= target {
+            1
+        } else {
+            target
+                .div_ceil(tiles)
+                .min(n_units / MIN_SPLIT_UNITS)
+                .min(SPLIT_FLOATS / outputs)
+                .max(1)
+        };
+        let per_split = n_units.div_ceil(splits).next_multiple_of(step);
+        (n_units.div_ceil(per_split), per_split)
+    }
+
+    /// Adds the `splits` partial sums of `n` outputs in the split
+    /// workspace into `out` (in split order).
+    pub(super) fn split_sum(
+        &self,
+        gpu: &Gpu,
+        k: &TypeKernels,
+        splits: usize,
+        n: usize,
+        out: &mut CudaSlice<f32>,
+        what: &str,
+    ) -> Result<()> {
+        let cfg = grid((n.div_ceil(BLOCK as usize).min(4096), 1), BLOCK);
+        // Reads splits * n <= SPLIT_FLOATS partial sums (written by the
+        // GEMM before), writes n of out (checked by the caller).
+        launch!(gpu, &k.split_sum, cfg, what;
+            gpu.ptr(&self.split, 0), splits as i32, n as i32, gpu.ptr(out, 0))
+    }
+
     /// `out[t, r] = Σ_c x[t, c] · W[row0 + r, c]` by the tiled kernel
     /// (shapes checked by the caller).
     #[allow(clippy::too_many_arguments)]
@@ -59,19 +103,7 @@ impl Matmul {
         let tile = token_tile(n_tok);
         let z = n_tok.div_ceil(GEMM_TOKENS[tile]);
         let tiles = n_rows.div_ceil(TILE_ROWS) * z;
-        let n_units = w.cols / 8;
-        let target = CTAS_PER_SM * self.sms;
-        let splits = if tiles >= target {
-            1
-        } else {
-            target
-                .div_ceil(tiles)
-                .min(n_units / MIN_SPLIT_UNITS)
-                .min(SPLIT_FLOATS / (n_tok * n_rows))
-                .max(1)
-        };
-        let per_split = n_units.div_ceil(splits).next_multiple_of(TILE_UNITS);
-        let splits = n_units.div_ceil(per_split);
+        let (splits, per_split) = self.split_k(tiles, w.cols / 8, n_tok * n_rows, TILE_UNITS);
         let cfg = LaunchConfig {
             grid_dim: (n_rows.div_ceil(TILE_ROWS) as u32, splits as u32, z as u32),
             block_dim: (TILE_THREADS, 1, 1),
@@ -94,11 +126,7 @@ impl Matmul {
         if splits == 1 {
             return Ok(());
         }
-        let n = n_tok * n_rows;
-        let cfg = grid((n.div_ceil(BLOCK as usize).min(4096), 1), BLOCK);
-        // Reads splits * n partial sums (written above), writes n of out.
-        launch!(gpu, &k.split_sum, cfg, &what;
-            gpu.ptr(&self.split, 0), splits as i32, n as i32, gpu.ptr(out, 0))
+        self.split_sum(gpu, k, splits, n_tok * n_rows, out, &what)
     }
 
     /// `ids[slot0 + i] = argmax_r dot(W[r], h[row0 + i])` for `i < n`, each
