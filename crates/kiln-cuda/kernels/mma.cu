@@ -21,19 +21,30 @@
 // finite value. Needs sm_80 (cvt.rna.tf32, TF32 mma); below that the body
 // compiles to nothing and the host never launches it (mma.rs).
 
-// Elements of a k step (four 8-value units), and the shared-memory row
-// stride: 36 words puts the 8 x 4 lanes of a fragment load on 32 distinct
-// banks (row g, column t: bank 4 g + t) and keeps rows float4-aligned.
+// Elements of a k step (four 8-value units). Shared memory holds each
+// operand already split, as {hi, lo} pairs (one 8-byte load per fragment
+// element); the row stride of 36 pairs puts each 16-lane phase of a
+// fragment load (rows g, g + 1, .., columns t) on distinct banks and keeps
+// rows 16-byte aligned.
 constexpr int MMA_K = 32;
 constexpr int MMA_K_UNITS = MMA_K / 8;
 constexpr int MMA_STRIDE = MMA_K + 4;
 
-// v = hi + lo with hi, lo TF32 bit patterns (the low 13 bits zero).
-__device__ __forceinline__ void split_tf32(float v, u32& hi, u32& lo) {
+// v = hi + lo with hi, lo TF32 values (the low 13 bits zero), as a pair.
+__device__ __forceinline__ uint2 split_tf32(float v) {
+    uint2 r = make_uint2(0u, 0u);
 #if __CUDA_ARCH__ >= 800
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(hi) : "f"(v));
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(lo) : "f"(v - __uint_as_float(hi)));
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r.x) : "f"(v));
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r.y) : "f"(v - __uint_as_float(r.x)));
 #endif
+    return r;
+}
+
+// Four values, split, as two 16-byte stores of {hi, lo} pairs.
+__device__ __forceinline__ void store_split4(uint2* dst, float a, float b, float c, float d) {
+    const uint2 sa = split_tf32(a), sb = split_tf32(b), sc = split_tf32(c), sd = split_tf32(d);
+    ((uint4*)dst)[0] = make_uint4(sa.x, sa.y, sb.x, sb.y);
+    ((uint4*)dst)[1] = make_uint4(sc.x, sc.y, sd.x, sd.y);
 }
 
 // c += a b for one 16 x 8 x 8 TF32 tile (PTX fragment layouts: lane
@@ -100,43 +111,46 @@ __device__ __forceinline__ void mma_load(const u8* __restrict__ w, u64 row_bytes
     }
 }
 
+// Splits the staged step into the shared tiles ws (S::ROWS rows) and xs
+// (S::TOKENS rows), MMA_STRIDE pairs apart.
 template <class S>
-__device__ __forceinline__ void mma_store(const MmaStage<S>& st, float* ws, float* xs) {
+__device__ __forceinline__ void mma_store(const MmaStage<S>& st, uint2* ws, uint2* xs) {
 #pragma unroll
     for (int p = 0; p < S::X_PASSES; p++) {
         const int i = threadIdx.x + p * S::THREADS;
-        if (i < S::TOKENS * MMA_K / 4) *(float4*)(xs + (i / (MMA_K / 4)) * MMA_STRIDE + 4 * (i % (MMA_K / 4))) = st.x[p];
+        const float4 v = st.x[p];
+        if (i < S::TOKENS * MMA_K / 4)
+            store_split4(xs + (i / (MMA_K / 4)) * MMA_STRIDE + 4 * (i % (MMA_K / 4)), v.x, v.y, v.z, v.w);
     }
 #pragma unroll
     for (int p = 0; p < S::W_PASSES; p++) {
         const int i = threadIdx.x + p * S::THREADS;
-        float4* d = (float4*)(ws + (i / MMA_K_UNITS) * MMA_STRIDE + 8 * (i % MMA_K_UNITS));
-        d[0] = make_float4(st.w[p][0], st.w[p][1], st.w[p][2], st.w[p][3]);
-        d[1] = make_float4(st.w[p][4], st.w[p][5], st.w[p][6], st.w[p][7]);
+        uint2* d = ws + (i / MMA_K_UNITS) * MMA_STRIDE + 8 * (i % MMA_K_UNITS);
+        store_split4(d, st.w[p][0], st.w[p][1], st.w[p][2], st.w[p][3]);
+        store_split4(d + 4, st.w[p][4], st.w[p][5], st.w[p][6], st.w[p][7]);
     }
 }
 
 // acc += this warp's block of ws · xsᵀ over the MMA_K columns in shared
 // memory, in 3xTF32.
 template <int N8>
-__device__ __forceinline__ void mma_step(const float* ws, const float* xs, float (&acc)[2][N8][4]) {
+__device__ __forceinline__ void mma_step(const uint2* ws, const uint2* xs, float (&acc)[2][N8][4]) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int kk = 0; kk < MMA_K; kk += 8) {
         u32 a_hi[2][4], a_lo[2][4], b_hi[N8][2], b_lo[N8][2];
 #pragma unroll
         for (int mi = 0; mi < 2; mi++) {
-            const float* p = ws + (16 * mi + g) * MMA_STRIDE + kk + t;
-            split_tf32(p[0], a_hi[mi][0], a_lo[mi][0]);
-            split_tf32(p[8 * MMA_STRIDE], a_hi[mi][1], a_lo[mi][1]);
-            split_tf32(p[4], a_hi[mi][2], a_lo[mi][2]);
-            split_tf32(p[8 * MMA_STRIDE + 4], a_hi[mi][3], a_lo[mi][3]);
+            const uint2* p = ws + (16 * mi + g) * MMA_STRIDE + kk + t;
+            const uint2 v[4] = {p[0], p[8 * MMA_STRIDE], p[4], p[8 * MMA_STRIDE + 4]};
+#pragma unroll
+            for (int e = 0; e < 4; e++) a_hi[mi][e] = v[e].x, a_lo[mi][e] = v[e].y;
         }
 #pragma unroll
         for (int ni = 0; ni < N8; ni++) {
-            const float* p = xs + (8 * ni + g) * MMA_STRIDE + kk + t;
-            split_tf32(p[0], b_hi[ni][0], b_lo[ni][0]);
-            split_tf32(p[4], b_hi[ni][1], b_lo[ni][1]);
+            const uint2* p = xs + (8 * ni + g) * MMA_STRIDE + kk + t;
+            const uint2 v0 = p[0], v1 = p[4];
+            b_hi[ni][0] = v0.x, b_lo[ni][0] = v0.y, b_hi[ni][1] = v1.x, b_lo[ni][1] = v1.y;
         }
         // Small terms first, then the leading one.
 #pragma unroll
@@ -163,8 +177,11 @@ __device__ __forceinline__ void mma_gemm(const u8* __restrict__ w, u64 row_bytes
                                          float* __restrict__ out) {
 #if __CUDA_ARCH__ >= 800
     using S = MmaShape<WM, WN, N8>;
-    __shared__ __align__(16) float ws[S::ROWS * MMA_STRIDE];
-    __shared__ __align__(16) float xs[S::TOKENS * MMA_STRIDE];
+    // (S::ROWS + S::TOKENS) * MMA_STRIDE pairs (mma.rs sizes the launch;
+    // above 48 KiB it opts in).
+    extern __shared__ __align__(16) uint2 mma_smem[];
+    uint2* ws = mma_smem;
+    uint2* xs = mma_smem + S::ROWS * MMA_STRIDE;
     const int tile = blockIdx.x * S::ROWS, tok0 = blockIdx.z * S::TOKENS;
     const int u_begin = blockIdx.y * units_per_split, u_end = min(k >> 3, u_begin + units_per_split);
     const u8* wt = w + (u64)(row0 + tile) * row_bytes;

@@ -23,6 +23,7 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::cublas::sys::cublasOperation_t;
 use cudarc::cublas::{Gemm, GemmConfig};
+use cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as MAX_DYNAMIC_SMEM;
 use cudarc::driver::{CudaFunction, CudaSlice, CudaView, DevicePtr, LaunchConfig};
 use kiln_model::{ModelError, Result};
 use kiln_quant::GgmlType;
@@ -30,7 +31,7 @@ use kiln_quant::GgmlType;
 use crate::gpu::{cuda_err, Gpu, Source};
 use crate::ops::launch;
 use crate::weight::CudaWeight;
-use mma::{mma_min_tokens, MMA_SHAPES};
+use mma::{mma_min_tokens, mma_smem_bytes, MMA_SHAPES};
 use skinny::{GEMM_MAX_TOKENS, GEMM_TOKENS, SPLIT_FLOATS};
 use stream::{stream_enabled, HEAD_CELLS, STREAM_HEAD_TOKENS, STREAM_R};
 
@@ -462,7 +463,18 @@ impl Matmul {
                 .collect::<Result<Vec<_>>>()?,
             mma: MMA_SHAPES
                 .iter()
-                .map(|(shape, ..)| gpu.function(src, &format!("mma_gemm_{suffix}_{shape}")))
+                .map(|&(shape, rows, tokens, _)| {
+                    let name = format!("mma_gemm_{suffix}_{shape}");
+                    let f = gpu.function(src, &name)?;
+                    // The 128 x 64 CTA takes 55 KiB: over the default 48
+                    // (only asked where it runs: some older GPUs have 48).
+                    if self.tensor_cores {
+                        let bytes = mma_smem_bytes(rows, tokens) as i32;
+                        f.set_attribute(MAX_DYNAMIC_SMEM, bytes)
+                            .map_err(|e| cuda_err(&format!("shared memory of {name}"), e))?;
+                    }
+                    Ok(f)
+                })
                 .collect::<Result<Vec<_>>>()?,
         });
         map.insert(w.ty, k.clone());

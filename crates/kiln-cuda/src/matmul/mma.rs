@@ -22,6 +22,15 @@ pub(super) const MMA_SHAPES: [(&str, usize, usize, u32); 4] = [
 ];
 /// 8-value units of one k step (`MMA_K_UNITS`): splits are multiples.
 const MMA_K_UNITS: usize = 4;
+/// Shared memory of a CTA: its weight rows and tokens, `MMA_STRIDE` (36)
+/// split {hi, lo} pairs of 8 bytes each.
+pub(super) fn mma_smem_bytes(rows: usize, tokens: usize) -> usize {
+    (rows + tokens) * 36 * 8
+}
+/// Threads per SM the split along k aims for: each warp waits on its
+/// weight loads and barriers, so the GEMM wants many in flight (with 256
+/// per CTA, 6 CTAs per SM).
+const MMA_THREADS_PER_SM: usize = 1536;
 /// Fewest token rows that take the tensor-core GEMM by default: below it
 /// the f32 tiled GEMM (skinny.rs) is as fast (matmul_bench on the H200).
 pub(super) const MMA_MIN_TOKENS: usize = 16;
@@ -72,7 +81,9 @@ impl Matmul {
         let (_, tile_rows, tile_tokens, threads) = MMA_SHAPES[shape];
         let z = n_tok.div_ceil(tile_tokens);
         let tiles = n_rows.div_ceil(tile_rows) * z;
-        let (splits, per_split) = self.split_k(tiles, w.cols / 8, n_tok * n_rows, MMA_K_UNITS);
+        let per_sm = MMA_THREADS_PER_SM / threads as usize;
+        let (splits, per_split) =
+            self.split_k(tiles, w.cols / 8, n_tok * n_rows, (per_sm, MMA_K_UNITS));
         let cfg = LaunchConfig {
             grid_dim: (
                 n_rows.div_ceil(tile_rows) as u32,
@@ -80,7 +91,7 @@ impl Matmul {
                 as_i32("token tiles", z)? as u32,
             ),
             block_dim: (threads, 1, 1),
-            shared_mem_bytes: 0,
+            shared_mem_bytes: mma_smem_bytes(tile_rows, tile_tokens) as u32,
         };
         let dst = if splits == 1 {
             gpu.ptr(out, 0)

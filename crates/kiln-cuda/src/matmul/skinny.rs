@@ -43,8 +43,8 @@ fn token_tile(n_tok: usize) -> usize {
 
 impl Matmul {
     /// `(splits, units per split)` of a GEMM of `tiles` CTAs over `n_units`
-    /// 8-value units with `outputs` results: one split when the tiles fill
-    /// `CTAS_PER_SM` per SM, else enough to, each at least
+    /// 8-value units with `outputs` results: one split when the tiles make
+    /// `ctas_per_sm` CTAs per SM, else enough splits to, each at least
     /// `MIN_SPLIT_UNITS` long (a multiple of `step` units), their partial
     /// sums within the `SPLIT_FLOATS` workspace.
     pub(super) fn split_k(
@@ -52,9 +52,9 @@ impl Matmul {
         tiles: usize,
         n_units: usize,
         outputs: usize,
-        step: usize,
+        (ctas_per_sm, step): (usize, usize),
     ) -> (usize, usize) {
-        let target = CTAS_PER_SM * self.sms;
+        let target = ctas_per_sm * self.sms;
         let splits = if tiles >= target {
             1
         } else {
@@ -103,7 +103,8 @@ impl Matmul {
         let tile = token_tile(n_tok);
         let z = n_tok.div_ceil(GEMM_TOKENS[tile]);
         let tiles = n_rows.div_ceil(TILE_ROWS) * z;
-        let (splits, per_split) = self.split_k(tiles, w.cols / 8, n_tok * n_rows, TILE_UNITS);
+        let (splits, per_split) =
+            self.split_k(tiles, w.cols / 8, n_tok * n_rows, (CTAS_PER_SM, TILE_UNITS));
         let cfg = LaunchConfig {
             grid_dim: (n_rows.div_ceil(TILE_ROWS) as u32, splits as u32, z as u32),
             block_dim: (TILE_THREADS, 1, 1),
