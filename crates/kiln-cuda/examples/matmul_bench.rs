@@ -3,8 +3,9 @@
 //! down, the 262,144-row LM head), for the decode GEMV (1 token), the
 //! batched-decode GEMM (2 to 64 tokens: `KILN_CUDA_SKINNY=0` times the
 //! older per-warp and SGEMM paths instead), prefill-sized products (128
-//! and 512 tokens; `KILN_CUDA_MMA=0` times the f32 kernels instead of the
-//! tensor-core GEMM) and the greedy argmax head
+//! and 512 tokens; `KILN_CUDA_MMA=all` times the tensor-core GEMM on every
+//! product of 16 or more rows, `KILN_CUDA_MMA=0` the f32 kernels) and the
+//! greedy argmax head
 //! (`KILN_CUDA_STREAM=0` times the register-only GEMV and one-row head
 //! instead of the shared-memory streaming ones).
 //!
@@ -68,8 +69,7 @@ type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
 /// Token rows of the matmul lines (1: the decode GEMV; up to 64: a batched
 /// decode step's GEMM; 128 and 512: prefill chunks) and of the argmax-head
-/// lines. `KILN_CUDA_MMA=0` times the f32 kernels (tiled GEMM, SGEMM)
-/// where the tensor-core GEMM would run.
+/// lines.
 const TOKENS: [usize; 9] = [1, 2, 4, 8, 16, 32, 64, 128, 512];
 const ARGMAX_ROWS: [usize; 6] = [1, 2, 4, 8, 32, 64];
 

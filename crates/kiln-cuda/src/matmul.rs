@@ -31,7 +31,7 @@ use kiln_quant::GgmlType;
 use crate::gpu::{cuda_err, Gpu, Source};
 use crate::ops::launch;
 use crate::weight::CudaWeight;
-use mma::{mma_min_tokens, mma_smem_bytes, MMA_SHAPES};
+use mma::{mma_mode, mma_smem_bytes, mma_wanted, MMA_SHAPES};
 use skinny::{GEMM_MAX_TOKENS, GEMM_TOKENS, SPLIT_FLOATS};
 use stream::{stream_enabled, HEAD_CELLS, STREAM_HEAD_TOKENS, STREAM_R};
 
@@ -239,7 +239,7 @@ impl Matmul {
         if n_tok == 0 || n_rows == 0 {
             return Ok(());
         }
-        if self.tensor_cores && mma_min_tokens().is_some_and(|min| n_tok >= min) {
+        if self.tensor_cores && mma_wanted(mma_mode(), n_tok, n_rows, w.cols) {
             return self.mma_gemm(gpu, &k, w, row0, n_rows, x, n_tok, out);
         }
         if n_tok > 1 && n_tok <= GEMM_MAX_TOKENS && skinny_enabled() {

@@ -1,9 +1,14 @@
 //! The packed-weight ops of the CUDA backend (matmul: GEMV, the tiled
-//! batched-decode GEMM with and without its split along k, the tensor-core
-//! GEMM from 16 token rows (`KILN_CUDA_MMA=0`: dequant + SGEMM prefill
-//! and the tiled GEMM instead; run both); embed; the greedy argmax head, one and several rows) held to
-//! their CPU twin for every weight type: random weights packed by
-//! kiln-quant, dequantized by kiln-quant, dotted in f64.
+//! batched-decode GEMM with and without its split along k, dequant +
+//! SGEMM prefill, the tensor-core GEMM; embed; the greedy argmax head, one
+//! and several rows) held to their CPU twin for every weight type: random
+//! weights packed by kiln-quant, dequantized by kiln-quant, dotted in f64.
+//!
+//! By default the tensor-core GEMM takes only large batched products
+//! (`model_types_match_cpu_at_large_shapes`); run the binary again with
+//! `KILN_CUDA_MMA=all` (it then takes every product of 16 or more rows, in
+//! every test: all 13 types, every CTA shape, splits along k) and with
+//! `KILN_CUDA_MMA=0` (the f32 kernels everywhere). bench/gpu-check does.
 //!
 //! Needs a GPU; without one each test prints `skipped: no CUDA device
 //! (...)` and passes. Outputs are poisoned with NaN before every run.
@@ -261,12 +266,15 @@ fn prefill_crosses_dequant_workspace_chunks() {
     report(fails);
 }
 
-/// The tensor-core GEMM's largest CTA (128 weight rows x 64 tokens, taken
-/// when its tiles fill the GPU) on prefill-sized products, for the types
-/// real models use; smaller shapes and splits along k are covered above
-/// (from 16 token rows). `KILN_CUDA_MMA=0` runs the same checks on SGEMM.
+/// The types real models use at model-sized shapes: batched-decode
+/// products of a matrix large enough (over 4Mi weights, also the slice
+/// from row 3) for the default routing to take the tensor-core GEMM at
+/// 16-32 rows, and prefill-sized ones
+/// (SGEMM by default; with `KILN_CUDA_MMA=all`, the tensor-core GEMM's
+/// largest CTA, 128 weight rows x 64 tokens, taken when its tiles fill the
+/// GPU). 256 columns (one K-quant block) keep the prefill reference quick.
 #[test]
-fn prefill_sized_products_match_cpu() {
+fn model_types_match_cpu_at_large_shapes() {
     let Some(be) = backend() else { return };
     let mut rng = Rng(41);
     let mut fails = Vec::new();
@@ -279,13 +287,16 @@ fn prefill_sized_products_match_cpu() {
         GgmlType::F32,
     ];
     for ty in types {
-        // 4224 rows x 512 tokens: 33 x 8 tiles of 128 x 64; 256 columns
-        // (one K-quant block) keep the f64 reference quick.
-        let (rows, cols) = (4224, 256);
-        let bytes = pack(ty, &rng.floats(rows * cols, 1.0), &mut rng);
-        let w = upload(&be, ty, rows, cols, bytes);
-        fails.extend(check_matmul(&be, &w, 0, rows, 512, &mut rng));
-        fails.extend(check_matmul(&be, &w, 5, rows - 100, 300, &mut rng));
+        // (row0, n_rows, tokens) of each product.
+        let decode: &[(usize, usize, usize)] = &[(0, 4100, 16), (0, 4100, 21), (3, 4097, 32)];
+        let prefill: &[(usize, usize, usize)] = &[(0, 4224, 512), (5, 4124, 300)];
+        for (rows, cols, runs) in [(4100, 1024, decode), (4224, 256, prefill)] {
+            let bytes = pack(ty, &rng.floats(rows * cols, 1.0), &mut rng);
+            let w = upload(&be, ty, rows, cols, bytes);
+            for &(row0, n_rows, n_tok) in runs {
+                fails.extend(check_matmul(&be, &w, row0, n_rows, n_tok, &mut rng));
+            }
+        }
     }
     report(fails);
 }

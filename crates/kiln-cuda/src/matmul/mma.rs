@@ -1,15 +1,17 @@
-//! The tensor-core GEMM of kernels/mma.cu: prefill and batched-decode
-//! products of `KILN_CUDA_MMA` (default [`MMA_MIN_TOKENS`]) or more token
-//! rows, on GPUs of compute capability 8.0 or newer, in split-operand
-//! 3xTF32 (within f32 rounding of the f32 kernels; see mma.cu).
-//! Fewer rows, older GPUs and `KILN_CUDA_MMA=0` take the f32 kernels.
+//! The tensor-core GEMM of kernels/mma.cu, in split-operand 3xTF32
+//! (within f32 rounding of the f32 kernels; see mma.cu), on GPUs of
+//! compute capability 8.0 or newer. By default it takes the batched-decode
+//! products where it measured faster than the f32 tiled GEMM on the H200
+//! ([`mma_auto`]); prefill stays on dequant + SGEMM, which it does not yet
+//! beat. `KILN_CUDA_MMA=all` sends every product of 16 or more rows to it
+//! (prefill too: for tests and A/B timing), `KILN_CUDA_MMA=0` none.
 
-use cudarc::driver::{CudaSlice, LaunchConfig};
+use cudarc::driver::CudaSlice;
 use kiln_model::Result;
 
-use super::{as_i32, Matmul, TypeKernels};
+use super::skinny::TiledGemm;
+use super::{Matmul, TypeKernels};
 use crate::gpu::Gpu;
-use crate::ops::launch;
 use crate::weight::CudaWeight;
 
 /// `(name, weight rows, tokens, threads)` of the CTA shapes of
@@ -31,22 +33,52 @@ pub(super) fn mma_smem_bytes(rows: usize, tokens: usize) -> usize {
 /// weight loads and barriers, so the GEMM wants many in flight (with 256
 /// per CTA, 6 CTAs per SM).
 const MMA_THREADS_PER_SM: usize = 1536;
-/// Fewest token rows that take the tensor-core GEMM by default: below it
-/// the f32 tiled GEMM (skinny.rs) is as fast (matmul_bench on the H200).
-pub(super) const MMA_MIN_TOKENS: usize = 16;
+/// Fewest token rows of the tensor-core GEMM (its smallest token tile).
+const MMA_MIN_TOKENS: usize = 16;
 
-/// Fewest token rows of the tensor-core GEMM: `KILN_CUDA_MMA=N` sets it
-/// (for A/B timing and thresholds), `KILN_CUDA_MMA=0` turns it off.
-pub(super) fn mma_min_tokens() -> Option<usize> {
-    static MIN: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    *MIN.get_or_init(|| match std::env::var("KILN_CUDA_MMA") {
-        Err(_) => Some(MMA_MIN_TOKENS),
-        Ok(v) => match v.trim().parse::<usize>() {
-            Ok(0) => None,
-            Ok(n) => Some(n.max(2)),
-            Err(_) => Some(MMA_MIN_TOKENS),
+/// Which products take the tensor-core GEMM (`KILN_CUDA_MMA`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum MmaMode {
+    /// Unset: where [`mma_auto`] says.
+    Auto,
+    /// `all`: every product of 16 or more token rows.
+    All,
+    /// `0`: none.
+    Off,
+}
+
+pub(super) fn mma_mode() -> MmaMode {
+    static MODE: std::sync::OnceLock<MmaMode> = std::sync::OnceLock::new();
+    *MODE.get_or_init(
+        || match std::env::var("KILN_CUDA_MMA").as_deref().map(str::trim) {
+            Ok("0") => MmaMode::Off,
+            Ok("all") => MmaMode::All,
+            _ => MmaMode::Auto,
         },
-    })
+    )
+}
+
+/// Whether `n_tok` token rows times a `rows x cols` weight take the
+/// tensor-core GEMM in `mode`.
+pub(super) fn mma_wanted(mode: MmaMode, n_tok: usize, rows: usize, cols: usize) -> bool {
+    match mode {
+        MmaMode::Off => false,
+        MmaMode::All => n_tok >= MMA_MIN_TOKENS,
+        MmaMode::Auto => mma_auto(n_tok, rows * cols),
+    }
+}
+
+/// The measured default (matmul_bench, H200, Q4_K / Q6_K / Q8_0, vs the
+/// f32 tiled GEMM): 16-32 rows gain 1.1-1.6x from 1B-sized matrices on
+/// (~8M weights) but lose up to 1.15x on 270M ones (~1.3M); 33-64 rows
+/// gain 1.1-1.5x on 4B-sized ones (26M) and are even to 0.9x on 1B ones.
+/// Past 64 rows SGEMM is faster (0.63-0.85x at 512), and up to 128 even.
+fn mma_auto(n_tok: usize, weights: usize) -> bool {
+    match n_tok {
+        16..=32 => weights >= 4 << 20,
+        33..=64 => weights >= 16 << 20,
+        _ => false,
+    }
 }
 
 /// Index into [`MMA_SHAPES`] for `n_tok` rows of an `n_rows` matrix: the
@@ -78,45 +110,34 @@ impl Matmul {
         out: &mut CudaSlice<f32>,
     ) -> Result<()> {
         let shape = mma_shape(n_tok, n_rows, self.sms);
-        let (_, tile_rows, tile_tokens, threads) = MMA_SHAPES[shape];
-        let z = n_tok.div_ceil(tile_tokens);
-        let tiles = n_rows.div_ceil(tile_rows) * z;
-        let per_sm = MMA_THREADS_PER_SM / threads as usize;
-        let (splits, per_split) =
-            self.split_k(tiles, w.cols / 8, n_tok * n_rows, (per_sm, MMA_K_UNITS));
-        let cfg = LaunchConfig {
-            grid_dim: (
-                n_rows.div_ceil(tile_rows) as u32,
-                splits as u32,
-                as_i32("token tiles", z)? as u32,
-            ),
-            block_dim: (threads, 1, 1),
-            shared_mem_bytes: mma_smem_bytes(tile_rows, tile_tokens) as u32,
+        let (_, rows, tokens, threads) = MMA_SHAPES[shape];
+        let plan = TiledGemm {
+            f: &k.mma[shape],
+            tile: (rows, tokens),
+            threads,
+            smem_bytes: mma_smem_bytes(rows, tokens) as u32,
+            ctas_per_sm: MMA_THREADS_PER_SM / threads as usize,
+            step_units: MMA_K_UNITS,
         };
-        let dst = if splits == 1 {
-            gpu.ptr(out, 0)
-        } else {
-            gpu.ptr(&self.split, 0)
-        };
-        let what = format!("mma_gemm on {}", w.name);
-        let (row0, rows_i) = (as_i32("row0", row0)?, as_i32("rows", n_rows)?);
-        let (cols, n_tok_i) = (as_i32("cols", w.cols)?, as_i32("tokens", n_tok)?);
-        // Reads rows row0..row0+n_rows of the weight and n_tok * cols of x
-        // (checked by the caller); writes n_tok * n_rows values of out, or
-        // splits * n_tok * n_rows <= SPLIT_FLOATS of the workspace.
-        launch!(gpu, &k.mma[shape], cfg, &what;
-            gpu.ptr(&w.data, 0), w.row_bytes as u64, row0, rows_i, cols, gpu.ptr(x, 0), n_tok_i,
-            per_split as i32, dst)?;
-        if splits == 1 {
-            return Ok(());
-        }
-        self.split_sum(gpu, k, splits, n_tok * n_rows, out, &what)
+        self.launch_tiled(gpu, k, w, (row0, n_rows), x, n_tok, out, plan)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn auto_takes_large_batched_products_only() {
+        let auto = |n, rows, cols| mma_wanted(MmaMode::Auto, n, rows, cols);
+        // Gemma 3 1B / 4B FFN (1152 x 6912, 2560 x 10240), 270M (640 x 2048).
+        assert!(auto(16, 1152, 6912) && auto(32, 1152, 6912) && !auto(64, 1152, 6912));
+        assert!(auto(64, 2560, 10_240) && !auto(65, 2560, 10_240));
+        assert!(!auto(32, 640, 2048) && !auto(8, 2560, 10_240) && !auto(512, 2560, 10_240));
+        assert!(mma_wanted(MmaMode::All, 512, 640, 2048));
+        assert!(!mma_wanted(MmaMode::All, 15, 640, 2048));
+        assert!(!mma_wanted(MmaMode::Off, 32, 2560, 10_240));
+    }
 
     #[test]
     fn shapes_hold_the_rows_and_fill_the_gpu() {

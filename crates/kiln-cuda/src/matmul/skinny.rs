@@ -2,13 +2,27 @@
 //! 2..=64 token rows (split along k when the matrix alone would leave SMs
 //! idle) and the greedy head over several hidden rows at once.
 
-use cudarc::driver::{CudaSlice, LaunchConfig};
+use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig};
 use kiln_model::{ModelError, Result};
 
 use super::{as_i32, grid, Matmul, TypeKernels, BLOCK, FINISH_BLOCK};
 use crate::gpu::Gpu;
 use crate::ops::launch;
 use crate::weight::CudaWeight;
+
+/// How a tiled GEMM kernel is launched (skinny.cu's `gemm`, mma.cu's
+/// `mma_gemm`: the same arguments, the same split along k).
+pub(super) struct TiledGemm<'a> {
+    pub f: &'a CudaFunction,
+    /// Weight rows and tokens of one CTA.
+    pub tile: (usize, usize),
+    pub threads: u32,
+    pub smem_bytes: u32,
+    /// CTAs per SM the split along k aims for.
+    pub ctas_per_sm: usize,
+    /// 8-value units of the kernel's k step (splits are multiples).
+    pub step_units: usize,
+}
 
 /// Token tiles of `gemm_*_t*` and `argmax_tiles_*_t*` (`KILN_SKINNY` in
 /// skinny.cu); a step takes the smallest that holds its rows.
@@ -101,27 +115,59 @@ impl Matmul {
         out: &mut CudaSlice<f32>,
     ) -> Result<()> {
         let tile = token_tile(n_tok);
-        let z = n_tok.div_ceil(GEMM_TOKENS[tile]);
-        let tiles = n_rows.div_ceil(TILE_ROWS) * z;
-        let (splits, per_split) =
-            self.split_k(tiles, w.cols / 8, n_tok * n_rows, (CTAS_PER_SM, TILE_UNITS));
+        let plan = TiledGemm {
+            f: &k.gemm[tile],
+            tile: (TILE_ROWS, GEMM_TOKENS[tile]),
+            threads: TILE_THREADS,
+            smem_bytes: 0,
+            ctas_per_sm: CTAS_PER_SM,
+            step_units: TILE_UNITS,
+        };
+        self.launch_tiled(gpu, k, w, (row0, n_rows), x, n_tok, out, plan)
+    }
+
+    /// `out[t, r] = Σ_c x[t, c] · W[row0 + r, c]` for rows `rows = (row0,
+    /// n_rows)` by a tiled kernel (`plan`): CTA (x, y, z) takes row tile x,
+    /// k split y and token tile z; with several splits, their partial sums
+    /// are added by `gemm_split_sum` (shapes checked by the caller).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn launch_tiled(
+        &self,
+        gpu: &Gpu,
+        k: &TypeKernels,
+        w: &CudaWeight,
+        (row0, n_rows): (usize, usize),
+        x: &CudaSlice<f32>,
+        n_tok: usize,
+        out: &mut CudaSlice<f32>,
+        plan: TiledGemm<'_>,
+    ) -> Result<()> {
+        let (tile_rows, tile_tokens) = plan.tile;
+        let z = n_tok.div_ceil(tile_tokens);
+        let tiles = n_rows.div_ceil(tile_rows) * z;
+        let split_plan = (plan.ctas_per_sm, plan.step_units);
+        let (splits, per_split) = self.split_k(tiles, w.cols / 8, n_tok * n_rows, split_plan);
         let cfg = LaunchConfig {
-            grid_dim: (n_rows.div_ceil(TILE_ROWS) as u32, splits as u32, z as u32),
-            block_dim: (TILE_THREADS, 1, 1),
-            shared_mem_bytes: 0,
+            grid_dim: (
+                n_rows.div_ceil(tile_rows) as u32,
+                splits as u32,
+                as_i32("token tiles", z)? as u32,
+            ),
+            block_dim: (plan.threads, 1, 1),
+            shared_mem_bytes: plan.smem_bytes,
         };
         let dst = if splits == 1 {
             gpu.ptr(out, 0)
         } else {
             gpu.ptr(&self.split, 0)
         };
-        let what = format!("gemm on {}", w.name);
+        let what = format!("tiled GEMM on {}", w.name);
         let (row0, rows_i) = (as_i32("row0", row0)?, as_i32("rows", n_rows)?);
         let (cols, n_tok_i) = (as_i32("cols", w.cols)?, as_i32("tokens", n_tok)?);
         // Reads rows row0..row0+n_rows of the weight and n_tok * cols of x
         // (checked by the caller); writes n_tok * n_rows values of out, or
         // splits * n_tok * n_rows <= SPLIT_FLOATS of the workspace.
-        launch!(gpu, &k.gemm[tile], cfg, &what;
+        launch!(gpu, plan.f, cfg, &what;
             gpu.ptr(&w.data, 0), w.row_bytes as u64, row0, rows_i, cols, gpu.ptr(x, 0), n_tok_i,
             per_split as i32, dst)?;
         if splits == 1 {
