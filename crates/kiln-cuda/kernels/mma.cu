@@ -1,5 +1,6 @@
-// mma.cu: the tensor-core GEMM of prefill and large batched-decode steps,
-// appended to matmul.cu (same weight type, same helpers).
+// mma.cu: the tensor-core GEMM of large batched-decode products (mma.rs
+// says which; with KILN_CUDA_MMA=all, prefill too), appended to matmul.cu
+// (same weight type, same helpers).
 //
 //   mma_gemm      out[t, r] = dot(W[row0 + r], x[t]) for any number of
 //                 token rows: a CTA dequantizes a weight tile (rows x 32

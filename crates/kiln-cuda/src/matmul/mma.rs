@@ -70,9 +70,10 @@ pub(super) fn mma_wanted(mode: MmaMode, n_tok: usize, rows: usize, cols: usize) 
 
 /// The measured default (matmul_bench, H200, Q4_K / Q6_K / Q8_0, vs the
 /// f32 tiled GEMM): 16-32 rows gain 1.1-1.6x from 1B-sized matrices on
-/// (~8M weights) but lose up to 1.15x on 270M ones (~1.3M); 33-64 rows
-/// gain 1.1-1.5x on 4B-sized ones (26M) and are even to 0.9x on 1B ones.
-/// Past 64 rows SGEMM is faster (0.63-0.85x at 512), and up to 128 even.
+/// (~8M weights) but lose up to 1.2x on 270M ones (~1.3M); 33-64 rows
+/// gain 1.1-1.5x on 4B-sized ones (26M), 0.9-1.2x on 1B ones. Past 64
+/// rows it is at best even (128) and SGEMM faster (it runs at 0.63-0.85x
+/// of SGEMM's speed at 512).
 fn mma_auto(n_tok: usize, weights: usize) -> bool {
     match n_tok {
         16..=32 => weights >= 4 << 20,
