@@ -2,13 +2,17 @@
 //! weight type at the Gemma 3 270M / 1B / 4B matrix shapes (FFN up, FFN
 //! down, the 262,144-row LM head), for the decode GEMV (1 token), the
 //! batched-decode GEMM (2 to 64 tokens: `KILN_CUDA_SKINNY=0` times the
-//! older per-warp and SGEMM paths instead) and the greedy argmax head
+//! older per-warp and SGEMM paths instead), prefill-sized products (128
+//! and 512 tokens; `KILN_CUDA_MMA=all` times the tensor-core GEMM on every
+//! product of 16 or more rows, `KILN_CUDA_MMA=0` the f32 kernels) and the
+//! greedy argmax head
 //! (`KILN_CUDA_STREAM=0` times the register-only GEMV and one-row head
 //! instead of the shared-memory streaming ones).
 //!
 //! ```sh
 //! cargo run --release -p kiln-cuda --example matmul_bench            # every type
 //! cargo run --release -p kiln-cuda --example matmul_bench -- Q4_K Q6_K
+//! cargo run --release -p kiln-cuda --example matmul_bench -- --no-head Q4_K  # FFN shapes only
 //! ```
 //!
 //! Per call: microseconds, and GB/s of weight bytes (`tN`), or for several
@@ -63,9 +67,10 @@ const SHAPES: [(&str, &str, usize, usize); 9] = [
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
-/// Token rows of the matmul lines (1: the decode GEMV; more: a batched
-/// decode step's GEMM) and of the argmax-head lines.
-const TOKENS: [usize; 7] = [1, 2, 4, 8, 16, 32, 64];
+/// Token rows of the matmul lines (1: the decode GEMV; up to 64: a batched
+/// decode step's GEMM; 128 and 512: prefill chunks) and of the argmax-head
+/// lines.
+const TOKENS: [usize; 9] = [1, 2, 4, 8, 16, 32, 64, 128, 512];
 const ARGMAX_ROWS: [usize; 6] = [1, 2, 4, 8, 32, 64];
 
 const REPS: usize = 50;
@@ -76,7 +81,13 @@ fn main() -> Result<()> {
         println!("skipped: no CUDA device ({reason})");
         return Ok(());
     }
-    let wanted: Vec<String> = std::env::args().skip(1).map(|a| a.to_uppercase()).collect();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let heads = !args.iter().any(|a| a == "--no-head");
+    let wanted: Vec<String> = args
+        .iter()
+        .filter(|a| !a.starts_with("--"))
+        .map(|a| a.to_uppercase())
+        .collect();
     let be = CudaBackend::new(0)?;
     println!(
         "{} — median of {SAMPLES} graph replays of {REPS} calls",
@@ -93,6 +104,9 @@ fn main() -> Result<()> {
             continue;
         }
         for (model, matrix, rows, cols) in SHAPES {
+            if !heads && matrix == "lm_head" {
+                continue;
+            }
             let head = format!(
                 "{:<6} {model:<5} {matrix:<9} {rows:>7} {cols:>6}",
                 ty.name()

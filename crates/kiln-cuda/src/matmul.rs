@@ -3,7 +3,8 @@
 //! SGEMM, the embedding gather and the greedy LM head (argmax without
 //! logits); the tiled kernels of batched decode (kernels/skinny.cu) in
 //! `skinny.rs`, the one-token kernels that stream weights through shared
-//! memory (kernels/stream.cu) in `stream.rs`.
+//! memory (kernels/stream.cu) in `stream.rs`; the tensor-core GEMM of
+//! prefill and large batches (kernels/mma.cu) in `mma.rs`.
 //!
 //! `matmul.cu` is compiled once per weight type met (NVRTC, on first use:
 //! a model needs two or three of the thirteen), each time with
@@ -13,6 +14,7 @@
 //! dequant workspace) are allocated before any capture and never
 //! reallocated, so a captured graph never points at freed memory.
 
+mod mma;
 mod skinny;
 mod stream;
 
@@ -21,6 +23,7 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::cublas::sys::cublasOperation_t;
 use cudarc::cublas::{Gemm, GemmConfig};
+use cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as MAX_DYNAMIC_SMEM;
 use cudarc::driver::{CudaFunction, CudaSlice, CudaView, DevicePtr, LaunchConfig};
 use kiln_model::{ModelError, Result};
 use kiln_quant::GgmlType;
@@ -28,6 +31,7 @@ use kiln_quant::GgmlType;
 use crate::gpu::{cuda_err, Gpu, Source};
 use crate::ops::launch;
 use crate::weight::CudaWeight;
+use mma::{mma_mode, mma_smem_bytes, mma_wanted, MMA_SHAPES};
 use skinny::{GEMM_MAX_TOKENS, GEMM_TOKENS, SPLIT_FLOATS};
 use stream::{stream_enabled, HEAD_CELLS, STREAM_HEAD_TOKENS, STREAM_R};
 
@@ -47,6 +51,7 @@ macro_rules! sources {
                     include_str!("../kernels/matmul.cu"),
                     include_str!("../kernels/skinny.cu"),
                     include_str!("../kernels/stream.cu"),
+                    include_str!("../kernels/mma.cu"),
                 ),
             },
         )),*]
@@ -121,6 +126,8 @@ struct TypeKernels {
     stream_argmax: Vec<CudaFunction>,
     /// In [`STREAM_HEAD_TOKENS`] order.
     stream_head: Vec<CudaFunction>,
+    /// In [`MMA_SHAPES`] order.
+    mma: Vec<CudaFunction>,
 }
 
 /// The packed-weight ops of [`crate::CudaBackend`].
@@ -137,6 +144,8 @@ pub(crate) struct Matmul {
     sms: usize,
     /// Shared memory of one SM in bytes (how many streaming CTAs fit).
     smem_per_sm: usize,
+    /// The GPU has TF32 tensor cores (compute capability 8.0 or newer).
+    tensor_cores: bool,
     /// Dequantized weight rows for SGEMM; allocated on the first prefill
     /// (never during a graph capture), then kept.
     workspace: Mutex<Option<CudaSlice<f32>>>,
@@ -178,6 +187,7 @@ fn as_i32(what: &str, v: usize) -> Result<i32> {
 impl Matmul {
     pub(crate) fn new(gpu: &Gpu) -> Result<Self> {
         use cudarc::driver::sys::CUdevice_attribute::{
+            CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR as MAJOR,
             CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR as SMEM,
             CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT as SMS,
         };
@@ -189,6 +199,7 @@ impl Matmul {
             Ok::<usize, ModelError>(usize::try_from(v).unwrap_or(1).max(1))
         };
         let (sms, smem_per_sm) = (attr(SMS, "SM count")?, attr(SMEM, "shared memory per SM")?);
+        let tensor_cores = attr(MAJOR, "compute capability")? >= 8;
         Ok(Matmul {
             kernels: Mutex::default(),
             partials: gpu.alloc::<u64>(ARGMAX_PARTIALS, "argmax partials")?,
@@ -196,6 +207,7 @@ impl Matmul {
             head_cells: gpu.alloc::<u64>(HEAD_CELLS, "argmax head cells")?,
             sms,
             smem_per_sm,
+            tensor_cores,
             workspace: Mutex::new(None),
         })
     }
@@ -226,6 +238,9 @@ impl Matmul {
         check_len("matmul output of", &w.name, n_tok * n_rows, out.len())?;
         if n_tok == 0 || n_rows == 0 {
             return Ok(());
+        }
+        if self.tensor_cores && mma_wanted(mma_mode(), n_tok, n_rows, w.cols) {
+            return self.mma_gemm(gpu, &k, w, row0, n_rows, x, n_tok, out);
         }
         if n_tok > 1 && n_tok <= GEMM_MAX_TOKENS && skinny_enabled() {
             return self.gemm(gpu, &k, w, row0, n_rows, x, n_tok, out);
@@ -446,6 +461,21 @@ impl Matmul {
                 .iter()
                 .map(|t| gpu.function(src, &format!("stream_argmax_{suffix}_t{t}")))
                 .collect::<Result<Vec<_>>>()?,
+            mma: MMA_SHAPES
+                .iter()
+                .map(|&(shape, rows, tokens, _)| {
+                    let name = format!("mma_gemm_{suffix}_{shape}");
+                    let f = gpu.function(src, &name)?;
+                    // The 128 x 64 CTA takes 55 KiB: over the default 48
+                    // (only asked where it runs: some older GPUs have 48).
+                    if self.tensor_cores {
+                        let bytes = mma_smem_bytes(rows, tokens) as i32;
+                        f.set_attribute(MAX_DYNAMIC_SMEM, bytes)
+                            .map_err(|e| cuda_err(&format!("shared memory of {name}"), e))?;
+                    }
+                    Ok(f)
+                })
+                .collect::<Result<Vec<_>>>()?,
         });
         map.insert(w.ty, k.clone());
         Ok(k)
@@ -519,7 +549,10 @@ mod tests {
             let heads = STREAM_HEAD_TOKENS
                 .iter()
                 .map(|t| format!("stream_argmax_{suffix}_t{t}"));
-            for name in streamed.chain(heads) {
+            let mma = MMA_SHAPES
+                .iter()
+                .map(|(shape, ..)| format!("mma_gemm_{suffix}_{shape}"));
+            for name in streamed.chain(heads).chain(mma) {
                 assert!(ptx.contains(&format!(".entry {name}(")), "{ty}: no {name}");
             }
             for nt in GEMM_TOKENS {

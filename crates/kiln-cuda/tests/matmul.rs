@@ -1,8 +1,14 @@
 //! The packed-weight ops of the CUDA backend (matmul: GEMV, the tiled
-//! batched-decode GEMM with and without its split along k, and dequant +
-//! SGEMM prefill; embed; the greedy argmax head, one and several rows) held to
-//! their CPU twin for every weight type: random weights packed by
-//! kiln-quant, dequantized by kiln-quant, dotted in f64.
+//! batched-decode GEMM with and without its split along k, dequant +
+//! SGEMM prefill, the tensor-core GEMM; embed; the greedy argmax head, one
+//! and several rows) held to their CPU twin for every weight type: random
+//! weights packed by kiln-quant, dequantized by kiln-quant, dotted in f64.
+//!
+//! By default the tensor-core GEMM takes only large batched products
+//! (`model_types_match_cpu_at_large_shapes`); run the binary again with
+//! `KILN_CUDA_MMA=all` (it then takes every product of 16 or more rows, in
+//! every test: all 13 types, every CTA shape, splits along k) and with
+//! `KILN_CUDA_MMA=0` (the f32 kernels everywhere). bench/gpu-check does.
 //!
 //! Needs a GPU; without one each test prints `skipped: no CUDA device
 //! (...)` and passes. Outputs are poisoned with NaN before every run.
@@ -256,6 +262,41 @@ fn prefill_crosses_dequant_workspace_chunks() {
         let w = upload(&be, ty, rows, cols, bytes);
         fails.extend(check_matmul(&be, &w, 0, rows, 80, &mut rng));
         fails.extend(check_matmul(&be, &w, 30, 2060, 65, &mut rng));
+    }
+    report(fails);
+}
+
+/// The types real models use at model-sized shapes: batched-decode
+/// products of a matrix large enough (over 4Mi weights, also the slice
+/// from row 3) for the default routing to take the tensor-core GEMM at
+/// 16-32 rows, and prefill-sized ones
+/// (SGEMM by default; with `KILN_CUDA_MMA=all`, the tensor-core GEMM's
+/// largest CTA, 128 weight rows x 64 tokens, taken when its tiles fill the
+/// GPU). 256 columns (one K-quant block) keep the prefill reference quick.
+#[test]
+fn model_types_match_cpu_at_large_shapes() {
+    let Some(be) = backend() else { return };
+    let mut rng = Rng(41);
+    let mut fails = Vec::new();
+    let types = [
+        GgmlType::Q4K,
+        GgmlType::Q6K,
+        GgmlType::Q8_0,
+        GgmlType::F16,
+        GgmlType::BF16,
+        GgmlType::F32,
+    ];
+    for ty in types {
+        // (row0, n_rows, tokens) of each product.
+        let decode: &[(usize, usize, usize)] = &[(0, 4100, 16), (0, 4100, 21), (3, 4097, 32)];
+        let prefill: &[(usize, usize, usize)] = &[(0, 4224, 512), (5, 4124, 300)];
+        for (rows, cols, runs) in [(4100, 1024, decode), (4224, 256, prefill)] {
+            let bytes = pack(ty, &rng.floats(rows * cols, 1.0), &mut rng);
+            let w = upload(&be, ty, rows, cols, bytes);
+            for &(row0, n_rows, n_tok) in runs {
+                fails.extend(check_matmul(&be, &w, row0, n_rows, n_tok, &mut rng));
+            }
+        }
     }
     report(fails);
 }

@@ -2,13 +2,27 @@
 //! 2..=64 token rows (split along k when the matrix alone would leave SMs
 //! idle) and the greedy head over several hidden rows at once.
 
-use cudarc::driver::{CudaSlice, LaunchConfig};
+use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig};
 use kiln_model::{ModelError, Result};
 
 use super::{as_i32, grid, Matmul, TypeKernels, BLOCK, FINISH_BLOCK};
 use crate::gpu::Gpu;
 use crate::ops::launch;
 use crate::weight::CudaWeight;
+
+/// How a tiled GEMM kernel is launched (skinny.cu's `gemm`, mma.cu's
+/// `mma_gemm`: the same arguments, the same split along k).
+pub(super) struct TiledGemm<'a> {
+    pub f: &'a CudaFunction,
+    /// Weight rows and tokens of one CTA.
+    pub tile: (usize, usize),
+    pub threads: u32,
+    pub smem_bytes: u32,
+    /// CTAs per SM the split along k aims for.
+    pub ctas_per_sm: usize,
+    /// 8-value units of the kernel's k step (splits are multiples).
+    pub step_units: usize,
+}
 
 /// Token tiles of `gemm_*_t*` and `argmax_tiles_*_t*` (`KILN_SKINNY` in
 /// skinny.cu); a step takes the smallest that holds its rows.
@@ -42,6 +56,50 @@ fn token_tile(n_tok: usize) -> usize {
 }
 
 impl Matmul {
+    /// `(splits, units per split)` of a GEMM of `tiles` CTAs over `n_units`
+    /// 8-value units with `outputs` results: one split when the tiles make
+    /// `ctas_per_sm` CTAs per SM, else enough splits to, each at least
+    /// `MIN_SPLIT_UNITS` long (a multiple of `step` units), their partial
+    /// sums within the `SPLIT_FLOATS` workspace.
+    pub(super) fn split_k(
+        &self,
+        tiles: usize,
+        n_units: usize,
+        outputs: usize,
+        (ctas_per_sm, step): (usize, usize),
+    ) -> (usize, usize) {
+        let target = ctas_per_sm * self.sms;
+        let splits = if tiles >= target {
+            1
+        } else {
+            target
+                .div_ceil(tiles)
+                .min(n_units / MIN_SPLIT_UNITS)
+                .min(SPLIT_FLOATS / outputs)
+                .max(1)
+        };
+        let per_split = n_units.div_ceil(splits).next_multiple_of(step);
+        (n_units.div_ceil(per_split), per_split)
+    }
+
+    /// Adds the `splits` partial sums of `n` outputs in the split
+    /// workspace into `out` (in split order).
+    pub(super) fn split_sum(
+        &self,
+        gpu: &Gpu,
+        k: &TypeKernels,
+        splits: usize,
+        n: usize,
+        out: &mut CudaSlice<f32>,
+        what: &str,
+    ) -> Result<()> {
+        let cfg = grid((n.div_ceil(BLOCK as usize).min(4096), 1), BLOCK);
+        // Reads splits * n <= SPLIT_FLOATS partial sums (written by the
+        // GEMM before), writes n of out (checked by the caller).
+        launch!(gpu, &k.split_sum, cfg, what;
+            gpu.ptr(&self.split, 0), splits as i32, n as i32, gpu.ptr(out, 0))
+    }
+
     /// `out[t, r] = Σ_c x[t, c] · W[row0 + r, c]` by the tiled kernel
     /// (shapes checked by the caller).
     #[allow(clippy::too_many_arguments)]
@@ -57,48 +115,65 @@ impl Matmul {
         out: &mut CudaSlice<f32>,
     ) -> Result<()> {
         let tile = token_tile(n_tok);
-        let z = n_tok.div_ceil(GEMM_TOKENS[tile]);
-        let tiles = n_rows.div_ceil(TILE_ROWS) * z;
-        let n_units = w.cols / 8;
-        let target = CTAS_PER_SM * self.sms;
-        let splits = if tiles >= target {
-            1
-        } else {
-            target
-                .div_ceil(tiles)
-                .min(n_units / MIN_SPLIT_UNITS)
-                .min(SPLIT_FLOATS / (n_tok * n_rows))
-                .max(1)
+        let plan = TiledGemm {
+            f: &k.gemm[tile],
+            tile: (TILE_ROWS, GEMM_TOKENS[tile]),
+            threads: TILE_THREADS,
+            smem_bytes: 0,
+            ctas_per_sm: CTAS_PER_SM,
+            step_units: TILE_UNITS,
         };
-        let per_split = n_units.div_ceil(splits).next_multiple_of(TILE_UNITS);
-        let splits = n_units.div_ceil(per_split);
+        self.launch_tiled(gpu, k, w, (row0, n_rows), x, n_tok, out, plan)
+    }
+
+    /// `out[t, r] = Σ_c x[t, c] · W[row0 + r, c]` for rows `rows = (row0,
+    /// n_rows)` by a tiled kernel (`plan`): CTA (x, y, z) takes row tile x,
+    /// k split y and token tile z; with several splits, their partial sums
+    /// are added by `gemm_split_sum` (shapes checked by the caller).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn launch_tiled(
+        &self,
+        gpu: &Gpu,
+        k: &TypeKernels,
+        w: &CudaWeight,
+        (row0, n_rows): (usize, usize),
+        x: &CudaSlice<f32>,
+        n_tok: usize,
+        out: &mut CudaSlice<f32>,
+        plan: TiledGemm<'_>,
+    ) -> Result<()> {
+        let (tile_rows, tile_tokens) = plan.tile;
+        let z = n_tok.div_ceil(tile_tokens);
+        let tiles = n_rows.div_ceil(tile_rows) * z;
+        let split_plan = (plan.ctas_per_sm, plan.step_units);
+        let (splits, per_split) = self.split_k(tiles, w.cols / 8, n_tok * n_rows, split_plan);
         let cfg = LaunchConfig {
-            grid_dim: (n_rows.div_ceil(TILE_ROWS) as u32, splits as u32, z as u32),
-            block_dim: (TILE_THREADS, 1, 1),
-            shared_mem_bytes: 0,
+            grid_dim: (
+                n_rows.div_ceil(tile_rows) as u32,
+                splits as u32,
+                as_i32("token tiles", z)? as u32,
+            ),
+            block_dim: (plan.threads, 1, 1),
+            shared_mem_bytes: plan.smem_bytes,
         };
         let dst = if splits == 1 {
             gpu.ptr(out, 0)
         } else {
             gpu.ptr(&self.split, 0)
         };
-        let what = format!("gemm on {}", w.name);
+        let what = format!("tiled GEMM on {}", w.name);
         let (row0, rows_i) = (as_i32("row0", row0)?, as_i32("rows", n_rows)?);
         let (cols, n_tok_i) = (as_i32("cols", w.cols)?, as_i32("tokens", n_tok)?);
         // Reads rows row0..row0+n_rows of the weight and n_tok * cols of x
         // (checked by the caller); writes n_tok * n_rows values of out, or
         // splits * n_tok * n_rows <= SPLIT_FLOATS of the workspace.
-        launch!(gpu, &k.gemm[tile], cfg, &what;
+        launch!(gpu, plan.f, cfg, &what;
             gpu.ptr(&w.data, 0), w.row_bytes as u64, row0, rows_i, cols, gpu.ptr(x, 0), n_tok_i,
             per_split as i32, dst)?;
         if splits == 1 {
             return Ok(());
         }
-        let n = n_tok * n_rows;
-        let cfg = grid((n.div_ceil(BLOCK as usize).min(4096), 1), BLOCK);
-        // Reads splits * n partial sums (written above), writes n of out.
-        launch!(gpu, &k.split_sum, cfg, &what;
-            gpu.ptr(&self.split, 0), splits as i32, n as i32, gpu.ptr(out, 0))
+        self.split_sum(gpu, k, splits, n_tok * n_rows, out, &what)
     }
 
     /// `ids[slot0 + i] = argmax_r dot(W[r], h[row0 + i])` for `i < n`, each
