@@ -347,4 +347,15 @@ fn main() {
     if on("pool") {
         bench_pool();
     }
+    if on("qx") {
+        // Serial per decode matmul input (the other threads wait).
+        for k in [640, 1024, 2048, 6912] {
+            let x = acts(k);
+            let mut qx = QuantX::new();
+            let s = time(Duration::from_millis(300), || {
+                qx.set(black_box(&x));
+            });
+            println!("QuantX::set k={k:<5} {:>7.2} us", s * 1e6);
+        }
+    }
 }
