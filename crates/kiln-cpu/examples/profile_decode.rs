@@ -1,7 +1,8 @@
 //! Where a decode step's time goes on the real model (Gemma 3 270M
 //! Q4_K_M): `cargo run --release -p kiln-cpu --example profile_decode
-//! [-- THREADS [STEPS]]` (default 1 thread, 64 steps; `KILN_ISA` picks
-//! the kernels).
+//! [-- THREADS [STEPS [PREFILL]]]` (default 1 thread, 64 steps; `KILN_ISA`
+//! picks the kernels). With PREFILL (tokens), a prefill of that length is
+//! profiled instead, the same table per prefill.
 //!
 //! Prints per op class (matmuls by type and shape) the calls and time
 //! per token and the weight GB/s, then the step's bytes read per token,
@@ -68,6 +69,71 @@ fn fork_join_secs(pool: &Pool) -> f64 {
     t.elapsed().as_secs_f64() / f64::from(n)
 }
 
+/// Prints the per-op table over `per` units (tokens or prefills);
+/// returns the total wall and CPU microseconds per unit.
+fn print_table(stats: &[(String, profile::OpStat)], per: f64) -> (f64, f64) {
+    let us = |d: Duration| d.as_secs_f64() * 1e6 / per;
+    let total: f64 = stats.iter().map(|(_, s)| us(s.time)).sum();
+    let total_cpu: f64 = stats.iter().map(|(_, s)| us(s.cpu)).sum();
+    println!("| op | calls/unit | us/unit | CPU us/unit | share | weight GB/s |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    let mut rows: Vec<_> = stats.iter().collect();
+    rows.sort_by_key(|r| std::cmp::Reverse(r.1.time));
+    for (name, st) in rows {
+        let t = us(st.time);
+        let gbs = if st.weight_bytes > 0 {
+            format!(
+                "{:.1}",
+                st.weight_bytes as f64 / st.time.as_secs_f64() / 1e9
+            )
+        } else {
+            String::new()
+        };
+        println!(
+            "| {name} | {:.0} | {t:.0} | {:.0} | {:.1}% | {gbs} |",
+            st.calls as f64 / per,
+            us(st.cpu),
+            100.0 * t / total
+        );
+    }
+    (total, total_cpu)
+}
+
+/// Profiles `reps` prefills of `n` tokens (after one unprofiled warm-up).
+fn profile_prefill(
+    m: &Model<CpuBackend>,
+    n: usize,
+    reps: usize,
+    threads: usize,
+    isa: impl std::fmt::Display,
+) {
+    let prompt: Vec<u32> = (0..n as u32).map(|i| 2 + i * 7919 % 200_000).collect();
+    let mut s = m.new_scratch(n).expect("scratch");
+    let mut out = Vec::new();
+    let mut run = || {
+        let mut cache = m.new_cache().expect("cache");
+        m.forward(&prompt, &mut cache, &mut s, Output::Argmax, &mut out)
+            .expect("prefill");
+    };
+    run();
+    let t0 = Instant::now();
+    run();
+    let plain = t0.elapsed().as_secs_f64();
+    profile::start();
+    for _ in 0..reps {
+        run();
+    }
+    let stats = profile::take();
+    println!("isa {isa}, {threads} thread(s), {reps} prefills of {n} tokens");
+    let (total, _) = print_table(&stats, reps as f64);
+    println!(
+        "ops {:.1} ms/prefill; unprofiled: {:.1} ms = {:.0} tok/s",
+        total / 1e3,
+        plain * 1e3,
+        n as f64 / plain
+    );
+}
+
 fn main() {
     let args: Vec<usize> = std::env::args()
         .skip(1)
@@ -81,6 +147,9 @@ fn main() {
     let isa = backend.isa();
     let m = Model::load(backend, gguf.clone()).expect("model loads");
 
+    if let Some(&n) = args.get(2) {
+        return profile_prefill(&m, n, steps.max(1), threads, isa);
+    }
     let prompt: Vec<u32> = (0..16).map(|i| 2 + i * 7919 % 200_000).collect();
     let mut cache = m.new_cache().expect("cache");
     let mut s = m.new_scratch(prompt.len()).expect("scratch");
@@ -110,31 +179,9 @@ fn main() {
     }
     let stats = profile::take();
 
-    let per_tok = |d: Duration| d.as_secs_f64() * 1e6 / steps as f64;
-    let total: f64 = stats.iter().map(|(_, s)| per_tok(s.time)).sum();
-    let total_cpu: f64 = stats.iter().map(|(_, s)| per_tok(s.cpu)).sum();
     println!("isa {isa}, {threads} thread(s), {steps} greedy steps after 16 tokens");
-    println!("| op | calls/token | us/token | CPU us/token | share | weight GB/s |");
-    println!("|---|---:|---:|---:|---:|---:|");
-    let mut rows: Vec<_> = stats.iter().collect();
-    rows.sort_by_key(|r| std::cmp::Reverse(r.1.time));
-    for (name, st) in rows {
-        let us = per_tok(st.time);
-        let gbs = if st.weight_bytes > 0 {
-            format!(
-                "{:.1}",
-                st.weight_bytes as f64 / st.time.as_secs_f64() / 1e9
-            )
-        } else {
-            String::new()
-        };
-        println!(
-            "| {name} | {:.0} | {us:.0} | {:.0} | {:.1}% | {gbs} |",
-            st.calls as f64 / steps as f64,
-            per_tok(st.cpu),
-            100.0 * us / total
-        );
-    }
+    let total = print_table(&stats, steps as f64);
+    let (total, total_cpu) = total;
     let bytes_tok = stats.iter().map(|(_, s)| s.weight_bytes).sum::<u64>() as f64 / steps as f64;
     let tok_s = steps as f64 / wall;
     println!(

@@ -46,28 +46,43 @@ fn read_f32_bytes(b: &[u8]) -> Vec<f32> {
         .collect()
 }
 
+/// The exactness budget every kernel path keeps against the exact f64
+/// reference (issue 12; the project's bar is 0.05, llama.cpp 0.24-1.12).
+const BUDGET: f32 = 1e-3;
+
+/// All positions of capital_france (prefill), on every SIMD level.
 #[test]
 fn capital_france_last_logits_match_exact_reference() {
-    let m = load(&real_model());
     let tokens = [2u32, 818, 5279, 529, 7001, 563];
     let (shape, want) = read_npy("logits_exactf64_capital_france_allpos.npy");
     let vocab = shape[1];
-    assert_eq!(vocab, m.config.n_vocab);
-    let got = all_logits(&m, &tokens);
-    for p in 0..tokens.len() {
-        let r = p * vocab..(p + 1) * vocab;
-        let (d, _) = max_diff(&got[r.clone()], &want[r.clone()]);
-        println!("capital_france pos {p}: max|d| {d:.2e}");
-        assert_eq!(argmax(&got[r.clone()]), argmax(&want[r]), "pos {p} top-1");
-    }
-    let last = (tokens.len() - 1) * vocab..tokens.len() * vocab;
-    let (d, _) = max_diff(&got[last.clone()], &want[last.clone()]);
     let (_, llama) = read_npy("logits_primary_capital_france_last.npy");
-    let (dl, _) = max_diff(&llama, &want[last.clone()]);
-    println!("capital_france last, all 262,144: max|kiln - exact| {d:.2e}, max|llama.cpp - exact| {dl:.2e}");
-    assert!(d <= 0.05, "last position max|d| {d}");
-    assert!(d < dl);
-    assert_eq!(argmax(&got[last]), 506);
+    for isa in simd_levels() {
+        let m = load_isa(&real_model(), isa);
+        assert_eq!(vocab, m.config.n_vocab);
+        let got = all_logits(&m, &tokens);
+        let mut worst = 0.0f32;
+        for p in 0..tokens.len() {
+            let r = p * vocab..(p + 1) * vocab;
+            let (d, _) = max_diff(&got[r.clone()], &want[r.clone()]);
+            worst = worst.max(d);
+            assert_eq!(
+                argmax(&got[r.clone()]),
+                argmax(&want[r]),
+                "{isa} pos {p} top-1"
+            );
+        }
+        let last = (tokens.len() - 1) * vocab..tokens.len() * vocab;
+        let (d, _) = max_diff(&got[last.clone()], &want[last.clone()]);
+        let (dl, _) = max_diff(&llama, &want[last.clone()]);
+        println!(
+            "{isa} capital_france all positions: max|kiln - exact| {worst:.2e}; last, all \
+             262,144: {d:.2e}, max|llama.cpp - exact| {dl:.2e}"
+        );
+        assert!(worst <= BUDGET, "{isa}: max|d| {worst}");
+        assert!(d < dl);
+        assert_eq!(argmax(&got[last]), 506);
+    }
 }
 
 /// (id, logit) pairs of a logits.json top-20 list.
@@ -85,12 +100,19 @@ fn top20(v: &serde_json::Value) -> Vec<(usize, f32)> {
 }
 
 /// Every logits.json prompt at its last position against the exact f64
-/// reference: max|Kiln - exact| <= 0.05 over the exact top-20 (and over
-/// all 262,144 logits where a .npy exists) and the same top-1, printed next
-/// to llama.cpp's (primary config) own error against the exact reference.
+/// reference, on every SIMD level: max|Kiln - exact| within the budget
+/// over the exact top-20 (and over all 262,144 logits where a .npy exists)
+/// and the same top-1, printed next to llama.cpp's (primary config) own
+/// error against the exact reference.
 #[test]
 fn last_logits_match_exact_reference_on_every_prompt() {
-    let m = load(&real_model());
+    for isa in simd_levels() {
+        println!("-- {isa}");
+        last_logits_on_every_prompt(&load_isa(&real_model(), isa));
+    }
+}
+
+fn last_logits_on_every_prompt(m: &kiln_model::Model<kiln_cpu::CpuBackend>) {
     let j = json(&refdata("logits.json"));
     for item in j["items"].as_array().unwrap() {
         let name = item["name"].as_str().unwrap();
@@ -120,7 +142,7 @@ fn last_logits_match_exact_reference_on_every_prompt() {
             tokens.len(),
             tokens.len() as f64 / prefill
         );
-        assert!(kiln_err <= 0.05, "{name}: {kiln_err}");
+        assert!(kiln_err <= BUDGET, "{name}: {kiln_err}");
         assert!(
             kiln_err < llama_err,
             "{name}: Kiln is not closer than llama.cpp"
@@ -140,7 +162,7 @@ fn last_logits_match_exact_reference_on_every_prompt() {
             println!(
                 "{name} all 262,144: max|kiln - exact| {d:.2e}, max|llama.cpp - exact| {dl:.2e}"
             );
-            assert!(d <= 0.05, "{name}: max|d| {d}");
+            assert!(d <= BUDGET, "{name}: max|d| {d}");
             assert!(d < dl);
             assert_eq!(argmax(&got), argmax(&want));
         }
@@ -198,12 +220,18 @@ fn kv_memory_for_1500_tokens() {
 /// reference: every position of capital_france decoded token by token
 /// (all 262,144 logits), and each logits.json prompt's last token decoded
 /// after a prefill of the rest (its exact top-20; all logits for
-/// long_gt512, past the sliding window). The bound is the exactness
-/// budget every path keeps: 1e-3 (issue 12).
+/// long_gt512, past the sliding window), on every SIMD level. The bound
+/// is the exactness budget every path keeps.
 #[test]
 fn decode_logits_match_exact_reference() {
-    const BOUND: f32 = 1e-3;
-    let m = load(&real_model());
+    for isa in simd_levels() {
+        println!("-- {isa}");
+        decode_logits(&load_isa(&real_model(), isa));
+    }
+}
+
+fn decode_logits(m: &kiln_model::Model<kiln_cpu::CpuBackend>) {
+    const BOUND: f32 = BUDGET;
     let decode_last = |tokens: &[u32]| {
         let (prompt, last) = tokens.split_at(tokens.len() - 1);
         let mut cache = m.new_cache().unwrap();

@@ -28,11 +28,9 @@ pub struct ScreenX {
     pub(crate) d: Vec<f32>,
     /// `c_b` per block.
     pub(crate) c: Vec<f32>,
-    /// Per lane (`k / 4`): `d_b`, `c_b / 8`, and `-128 · Σ` of the lane's
-    /// four `qx` (the VNNI screen's offset correction).
+    /// Per lane (`k / 4`): `d_b` and `c_b / 8`.
     pub(crate) lane_d: Vec<f32>,
     pub(crate) lane_c: Vec<f32>,
-    pub(crate) lane_corr: Vec<i32>,
 }
 
 impl ScreenX {
@@ -52,7 +50,6 @@ impl ScreenX {
         self.c.clear();
         self.lane_d.clear();
         self.lane_c.clear();
-        self.lane_corr.clear();
         if !x.len().is_multiple_of(32) || x.iter().any(|v| !v.is_finite()) {
             return false;
         }
@@ -78,13 +75,8 @@ impl ScreenX {
             let c = c as f32 * (1.0 + 1e-6);
             sx.d.push(d);
             sx.c.push(c);
-            let qb = &sx.q[sx.q.len() - 32..];
-            for l in qb.chunks_exact(4) {
-                sx.lane_d.push(d);
-                sx.lane_c.push(c / 8.0);
-                sx.lane_corr
-                    .push(-128 * l.iter().map(|&v| i32::from(v)).sum::<i32>());
-            }
+            sx.lane_d.extend([d; 8]);
+            sx.lane_c.extend([c / 8.0; 8]);
         }
         sx.k = x.len();
         true

@@ -48,10 +48,24 @@ fn argmax(row: &[f32]) -> u32 {
 /// Feeds prompt + llama.cpp's generated ids in one prefill (logits only
 /// from the last prompt position on) and requires Kiln's argmax to equal
 /// the exact f64 reference's wherever the exact top-2 margin is >= 0.05.
+/// Every SIMD level this CPU runs (`KILN_ISA` forced per level), each
 /// ~25 s alone, ~100 s on a busy 2-core machine (321 steps).
 #[test]
 fn teacher_forced_greedy_matches_exact_reference() {
-    let m = load();
+    let g = Arc::new(Gguf::open(real_model()).unwrap());
+    for isa in kiln_cpu::Isa::available().filter(|&i| i != kiln_cpu::Isa::Scalar) {
+        let cfg = kiln_cpu::CpuConfig {
+            threads: 0,
+            isa: Some(isa),
+        };
+        let m = Model::load(CpuBackend::with_config(cfg), g.clone()).unwrap();
+        assert_eq!(m.backend().isa(), isa);
+        println!("-- {isa}");
+        teacher_forced(&m);
+    }
+}
+
+fn teacher_forced(m: &Model<CpuBackend>) {
     let g = json("greedy.json");
     let vocab = m.config.n_vocab;
     let (mut checked, mut skipped, mut agree_llama, mut total) = (0, 0, 0, 0);

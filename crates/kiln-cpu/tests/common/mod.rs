@@ -8,6 +8,24 @@ use kiln_gguf::Gguf;
 use kiln_model::{BatchSeq, Model, Output};
 use kiln_testdata::{fixture, fixture_models};
 
+/// The SIMD levels this CPU runs (every path the exactness tests hold to
+/// the budget; the scalar one is the kernels' reference).
+pub fn simd_levels() -> Vec<Isa> {
+    Isa::available().filter(|&i| i != Isa::Scalar).collect()
+}
+
+/// The model on kernels forced to `isa` (default threads).
+pub fn load_isa(path: &Path, isa: Isa) -> Model<CpuBackend> {
+    let g = Arc::new(Gguf::open(path).unwrap());
+    let cfg = CpuConfig {
+        threads: 0,
+        isa: Some(isa),
+    };
+    let m = Model::load(CpuBackend::with_config(cfg), g).unwrap();
+    assert_eq!(m.backend().isa(), isa);
+    m
+}
+
 pub fn load(path: &Path) -> Model<CpuBackend> {
     let g = Arc::new(Gguf::open(path).unwrap());
     Model::load(CpuBackend::new(), g).unwrap()

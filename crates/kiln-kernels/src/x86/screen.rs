@@ -1,8 +1,10 @@
 //! SIMD screens for `crate::screen` (same math, same lane layout): AVX2
 //! with `maddubs` (`|w| · sign(x, w)`, no i16 overflow since
-//! `2 · 128 · 127 < 2^15`) and AVX-512 VNNI with `vpdpbusd` on
-//! `w + 128` (unsigned) against `qx`, the offset removed by starting the
-//! accumulator at `-128 · Σ qx` per lane.
+//! `2 · 128 · 127 < 2^15`), on every level. An AVX-512 VNNI form
+//! (`vpdpbusd` on `w + 128`, two blocks per step) was 20-30% slower on
+//! Zen 4 (thread CPU time, LM head of the 270M, decode and kernel bench):
+//! its per-pair scale gather (`vpermw`) and 512-bit ops cost more than the
+//! 256-bit `maddubs` form saves, so it was removed.
 
 use core::arch::x86_64::*;
 
@@ -278,114 +280,5 @@ unsafe fn hsum8(v: __m256) -> f32 {
         let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
         let s = _mm_add_ss(s, _mm_movehdup_ps(s));
         _mm_cvtss_f32(s)
-    }
-}
-
-/// Two blocks per 512-bit step; `None` when the block count is odd (the
-/// caller uses the AVX2 screen).
-///
-/// # Safety
-/// The CPU must support AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C; `w` as
-/// for [`screen_avx2`].
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) unsafe fn screen_vnni(
-    sx: &ScreenX,
-    w: &[u8],
-    row_bytes: usize,
-    hi: &mut [f32],
-) -> Option<f32> {
-    let nb = sx.k / 32;
-    if !nb.is_multiple_of(2) {
-        return None;
-    }
-    let mut max_lo = f32::NEG_INFINITY;
-    let mut groups = hi.chunks_exact_mut(GROUP);
-    let mut r0 = 0;
-    for hs in &mut groups {
-        let hs: &mut [f32; GROUP] = hs.try_into().expect("exact chunk");
-        // SAFETY: the AVX-512 VNNI set is enabled here; `w` holds these
-        // rows and `nb` is even.
-        unsafe { rows_vnni(sx, w, row_bytes, r0, hs, &mut max_lo) };
-        r0 += GROUP;
-    }
-    for h in groups.into_remainder() {
-        let hs: &mut [f32; 1] = core::array::from_mut(h);
-        // SAFETY: as above.
-        unsafe { rows_vnni(sx, w, row_bytes, r0, hs, &mut max_lo) };
-        r0 += 1;
-    }
-    Some(max_lo)
-}
-
-/// `R` rows from row `r0`, two blocks per step: per row the same ops, in
-/// the same order, as the one-row screen.
-///
-/// # Safety
-/// As [`screen_vnni`], with rows `r0..r0 + R` inside `w` and an even
-/// block count.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-#[inline]
-unsafe fn rows_vnni<const R: usize>(
-    sx: &ScreenX,
-    w: &[u8],
-    row_bytes: usize,
-    r0: usize,
-    hs: &mut [f32; R],
-    max_lo: &mut f32,
-) {
-    let nb = sx.k / 32;
-    let flip = _mm512_set1_epi8(-128);
-    // Word 0 (block 0's scale) to lanes 0..8, word 17 (block 1's, at byte
-    // `BLK`) to lanes 8..16.
-    let sidx = _mm512_set_epi16(
-        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 17, 17, 17, 17, 17, 17, 17, 17, 0, 0, 0, 0,
-        0, 0, 0, 0,
-    );
-    let rows = group::<R>(w, row_bytes, r0, nb * BLK);
-    let mut acc = [_mm512_setzero_ps(); R];
-    let mut bacc = [_mm512_setzero_ps(); R];
-    let base = w.as_ptr().wrapping_add(r0 * row_bytes);
-    for p in 0..nb / 2 {
-        // SAFETY: SSE is enabled.
-        unsafe { sweep_prefetch(base, PREFETCH_GROUPS * R * row_bytes, R * 2 * BLK, p) };
-        let xq = &sx.q[p * 64..][..64];
-        let ld = &sx.lane_d[p * 16..][..16];
-        let lc = &sx.lane_c[p * 16..][..16];
-        let lk = &sx.lane_corr[p * 16..][..16];
-        // SAFETY: the slices bound the shared loads (64 `qx`, 16 lane
-        // values each).
-        let (xv, corr, ldv, lcv) = unsafe {
-            (
-                _mm512_loadu_si512(xq.as_ptr().cast()),
-                _mm512_loadu_si512(lk.as_ptr().cast()),
-                _mm512_loadu_ps(ld.as_ptr()),
-                _mm512_loadu_ps(lc.as_ptr()),
-            )
-        };
-        for i in 0..R {
-            let blk = &rows[i][p * 2 * BLK..][..2 * BLK];
-            // SAFETY: `blk` (two blocks of 2 + 32 bytes) bounds every
-            // load: 64 bytes from its start, 32 from byte 2 and from
-            // `BLK + 2`; prefetch never faults.
-            unsafe {
-                let bp = blk.as_ptr();
-                let w0 = _mm256_loadu_si256(bp.add(2).cast());
-                let w1 = _mm256_loadu_si256(bp.add(BLK + 2).cast());
-                let wv = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(w0), w1);
-                let u = _mm512_xor_si512(wv, flip);
-                let p32 = _mm512_dpbusd_epi32(corr, u, xv);
-                let hv = _mm512_permutexvar_epi16(sidx, _mm512_loadu_si512(bp.cast()));
-                let dw = _mm512_cvtph_ps(_mm512_castsi512_si256(hv));
-                let scale = _mm512_mul_ps(dw, ldv);
-                acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p32), scale, acc[i]);
-                bacc[i] = _mm512_fmadd_ps(_mm512_abs_ps(dw), lcv, bacc[i]);
-            }
-        }
-    }
-    for i in 0..R {
-        let (a, b) = (_mm512_reduce_add_ps(acc[i]), _mm512_reduce_add_ps(bacc[i]));
-        let b = b + ABS_SLACK;
-        hs[i] = a + b;
-        *max_lo = fold_lo(*max_lo, a - b, hs[i]);
     }
 }

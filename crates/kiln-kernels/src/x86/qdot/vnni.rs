@@ -2,6 +2,13 @@
 //! 512-bit `vpdpbusd` (signed codes shifted by 128, the shift folded into
 //! the offset); an odd last group takes the 256-bit form on the AVX2
 //! decoders ([`QBlock`]).
+//!
+//! Codes below 64 (every type but Q8_0) fold the three planes in
+//! integers, `((H·S + M)·S + L)` by chaining `vpdpbusd` through two
+//! `vpmulld` by `S` (at most `4·63·127·(S² + S + 1) < 2^31`, exact), so a
+//! pair costs one conversion; the offset term sums `s · sum(x)` per lane
+//! and takes the type's constant once per row (K-quants: their eight
+//! mins once per block).
 
 use core::arch::x86_64::*;
 
@@ -11,16 +18,18 @@ use super::{each_row, hsum8, lane, prefetch_ahead, QBlock, Q40, Q4K, Q50, Q5K, Q
 use crate::qx::{QuantX, S};
 
 /// 64 weights (groups `gi`, `gi + 1`) for `vpdpbusd`: unsigned codes and
-/// per-lane (4 weights) scale and offset.
+/// per-lane (4 weights) scale.
 #[derive(Clone, Copy)]
 struct Pair {
     u: __m512i,
     s: __m512,
-    o: __m512,
 }
 
 /// A packed format decoded 64 weights at a time in 512-bit registers.
 trait QPair: QBlock {
+    /// Codes below 64: the planes fold in integers (see the module notes).
+    const SMALL: bool = true;
+
     /// 64 weights, signed codes shifted by 128: groups `g`, `g + 1` (`g`
     /// even) of the block at `b` with its [`QBlock::header`], or for
     /// one-group types the blocks at `b` and `b + BYTES` (the header is
@@ -56,22 +65,19 @@ unsafe fn nibbles32x2(p: *const u8) -> __m512i {
     }
 }
 
-/// Lanes 0..8 from entry `g` of `hdr`, 8..16 from entry `g + 1`.
+/// Lanes 0..8 from lane `g` of `v`, 8..16 from lane `g + 1`.
 ///
 /// # Safety
 /// AVX-512 F enabled.
 #[inline(always)]
-unsafe fn kpair(hdr: (__m256, __m256), g: usize) -> (__m512, __m512) {
+unsafe fn kpair(v: __m256, g: usize) -> __m512 {
     // SAFETY: the caller's contract.
     unsafe {
         let idx = _mm512_add_epi32(
             _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
             _mm512_set1_epi32(g as i32),
         );
-        (
-            _mm512_permutexvar_ps(idx, _mm512_castps256_ps512(hdr.0)),
-            _mm512_permutexvar_ps(idx, _mm512_castps256_ps512(hdr.1)),
-        )
+        _mm512_permutexvar_ps(idx, _mm512_castps256_ps512(v))
     }
 }
 
@@ -132,7 +138,6 @@ impl QPair for Q40 {
             Pair {
                 u: nibbles16x2(b0.add(2), b1.add(2)),
                 s,
-                o: _mm512_mul_ps(s, _mm512_set1_ps(-8.0)),
             }
         }
     }
@@ -158,13 +163,13 @@ impl QPair for Q50 {
             Pair {
                 u: _mm512_mask_add_epi8(u, k, u, _mm512_set1_epi8(0x10)),
                 s,
-                o: _mm512_mul_ps(s, _mm512_set1_ps(-16.0)),
             }
         }
     }
 }
 
 impl QPair for Q80 {
+    const SMALL: bool = false;
     #[inline(always)]
     unsafe fn pair(b0: *const u8, _: usize, _: &__m256) -> Pair {
         // SAFETY: the trait contract.
@@ -178,7 +183,6 @@ impl QPair for Q80 {
             Pair {
                 u: _mm512_xor_si512(q, _mm512_set1_epi8(-128)),
                 s,
-                o: _mm512_mul_ps(s, _mm512_set1_ps(-128.0)),
             }
         }
     }
@@ -189,11 +193,9 @@ impl QPair for Q4K {
     unsafe fn pair(b: *const u8, g: usize, hdr: &Self::Hdr) -> Pair {
         // SAFETY: the trait contract.
         unsafe {
-            let (s, o) = kpair(*hdr, g);
             Pair {
                 u: nibbles32x2(b.add(16 + 16 * g)),
-                s,
-                o,
+                s: kpair(hdr.0, g),
             }
         }
     }
@@ -204,7 +206,7 @@ impl QPair for Q5K {
     unsafe fn pair(b: *const u8, g: usize, hdr: &Self::Hdr) -> Pair {
         // SAFETY: the trait contract.
         unsafe {
-            let (s, o) = kpair(*hdr, g);
+            let s = kpair(hdr.0, g);
             let u = nibbles32x2(b.add(48 + 16 * g));
             // Fifth bits: bit g (then g + 1) of the 32 qh bytes.
             let qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(b.add(16).cast()));
@@ -217,7 +219,6 @@ impl QPair for Q5K {
             Pair {
                 u: _mm512_mask_add_epi8(u, k, u, _mm512_set1_epi8(0x10)),
                 s,
-                o,
             }
         }
     }
@@ -284,9 +285,54 @@ impl QPair for Q6K {
             Pair {
                 u: _mm512_or_si512(lo, hi),
                 s,
-                o: _mm512_mul_ps(s, _mm512_set1_ps(-32.0)),
             }
         }
+    }
+}
+
+/// `S²·H + S·M + L` per lane of 4 codes of `u` against the planes at
+/// element `e`: folded in integers for [`QPair::SMALL`] codes, else three
+/// conversions.
+///
+/// # Safety
+/// As [`row_vnni`]; `e + 64 <= qx.k`.
+#[inline(always)]
+unsafe fn pair_dot<Q: QPair>(u: __m512i, qx: &QuantX, e: usize) -> __m512 {
+    // SAFETY: the caller's contract; the planes hold `qx.k` values.
+    unsafe {
+        let plane = |p: &[i8]| _mm512_loadu_si512(p.as_ptr().add(e).cast());
+        let z = _mm512_setzero_si512();
+        let h = _mm512_dpbusd_epi32(z, u, plane(&qx.h));
+        if Q::SMALL {
+            let s = _mm512_set1_epi32(S as i32);
+            let hm = _mm512_dpbusd_epi32(_mm512_mullo_epi32(h, s), u, plane(&qx.m));
+            let hml = _mm512_dpbusd_epi32(_mm512_mullo_epi32(hm, s), u, plane(&qx.l));
+            _mm512_cvtepi32_ps(hml)
+        } else {
+            let m = _mm512_dpbusd_epi32(z, u, plane(&qx.m));
+            let l = _mm512_dpbusd_epi32(z, u, plane(&qx.l));
+            let ml = _mm512_fmadd_ps(
+                _mm512_cvtepi32_ps(m),
+                _mm512_set1_ps(S),
+                _mm512_cvtepi32_ps(l),
+            );
+            _mm512_fmadd_ps(_mm512_cvtepi32_ps(h), _mm512_set1_ps(S * S), ml)
+        }
+    }
+}
+
+/// 512-bit to 256-bit: the two halves added.
+///
+/// # Safety
+/// AVX-512 F enabled.
+#[inline(always)]
+unsafe fn fold8(v: __m512) -> __m256 {
+    // SAFETY: the caller's contract.
+    unsafe {
+        _mm256_add_ps(
+            _mm512_castps512_ps256(v),
+            _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v))),
+        )
     }
 }
 
@@ -301,7 +347,10 @@ unsafe fn row_vnni<Q: QPair>(row: &[u8], qx: &QuantX) -> f32 {
     // SAFETY: the caller's contract; every block pointer is inside `row`.
     unsafe {
         let n = qx.k / 32;
+        // `acc`: Σ s·d·(planes); `off`: Σ s·sum(x) per lane (times the
+        // type's constant at the end); `koff`: the K-quants' mins.
         let (mut acc, mut off) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+        let mut koff = _mm256_setzero_ps();
         let mut gi = 0;
         while gi + 2 <= n {
             let b = row.as_ptr().add(gi / Q::GROUPS * Q::BYTES);
@@ -311,37 +360,28 @@ unsafe fn row_vnni<Q: QPair>(row: &[u8], qx: &QuantX) -> f32 {
             for g in (0..Q::GROUPS.max(2)).step_by(2) {
                 let p = Q::pair(b, g, &hdr);
                 let e = (gi + g) * 32;
-                let z = _mm512_setzero_si512();
-                let h =
-                    _mm512_dpbusd_epi32(z, p.u, _mm512_loadu_si512(qx.h.as_ptr().add(e).cast()));
-                let m =
-                    _mm512_dpbusd_epi32(z, p.u, _mm512_loadu_si512(qx.m.as_ptr().add(e).cast()));
-                let l =
-                    _mm512_dpbusd_epi32(z, p.u, _mm512_loadu_si512(qx.l.as_ptr().add(e).cast()));
-                let ml = _mm512_fmadd_ps(
-                    _mm512_cvtepi32_ps(m),
-                    _mm512_set1_ps(S),
-                    _mm512_cvtepi32_ps(l),
-                );
-                let v = _mm512_fmadd_ps(_mm512_cvtepi32_ps(h), _mm512_set1_ps(S * S), ml);
+                let v = pair_dot::<Q>(p.u, qx, e);
                 let v = _mm512_mul_ps(v, _mm512_loadu_ps(qx.lane_d.as_ptr().add(e / 4)));
                 acc = _mm512_fmadd_ps(v, p.s, acc);
-                off = _mm512_fmadd_ps(p.o, _mm512_loadu_ps(qx.lane_sum.as_ptr().add(e / 4)), off);
+                if Q::OFFSET.is_some() {
+                    let sums = _mm512_loadu_ps(qx.lane_sum.as_ptr().add(e / 4));
+                    off = _mm512_fmadd_ps(p.s, sums, off);
+                }
+            }
+            if Q::OFFSET.is_none() {
+                let sums = _mm256_loadu_ps(qx.group_sum.as_ptr().add(gi));
+                koff = _mm256_fmadd_ps(Q::offsets(&hdr), sums, koff);
             }
             gi += Q::GROUPS.max(2);
         }
-        let mut acc8 = _mm256_add_ps(
-            _mm512_castps512_ps256(acc),
-            _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc))),
-        );
-        let off8 = _mm256_add_ps(
-            _mm512_castps512_ps256(off),
-            _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(off))),
-        );
+        // Signed codes were shifted by 128: `w = s·(u − 128)`.
+        let c = Q::OFFSET.unwrap_or(0.0) - if Q::SIGNED { 128.0 } else { 0.0 };
+        let mut acc8 = _mm256_fmadd_ps(fold8(off), _mm256_set1_ps(c), fold8(acc));
+        acc8 = _mm256_add_ps(acc8, koff);
         if gi < n {
             acc8 = _mm256_add_ps(acc8, last_group::<Q>(row, gi, qx));
         }
-        hsum8(_mm256_add_ps(acc8, off8))
+        hsum8(acc8)
     }
 }
 
