@@ -352,9 +352,10 @@ fn renormalize(c: &mut [Cand]) {
     }
 }
 
-/// `id`'s log-softmax over `logits` and the `k` largest (descending, ties
-/// to the lowest id), in f64 like the runtime's.
-fn logprobs(logits: &[f32], id: u32, k: usize) -> (f32, Vec<(u32, f32)>) {
+/// `id`'s log-probability under log-softmax(`logits`) and the `k` most
+/// likely tokens' (descending, ties to the lowest id), in f64: the host
+/// sampler's logprobs and this head's.
+pub fn logprobs(logits: &[f32], id: u32, k: usize) -> (f32, Vec<(u32, f32)>) {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let sum: f64 = logits
         .iter()
@@ -362,27 +363,39 @@ fn logprobs(logits: &[f32], id: u32, k: usize) -> (f32, Vec<(u32, f32)>) {
         .sum();
     let lse = f64::from(max) + sum.ln();
     let lp = |z: f32| (f64::from(z) - lse) as f32;
-    let mut top: Vec<(u32, f32)> = logits
-        .iter()
-        .enumerate()
-        .map(|(i, &z)| (i as u32, z))
-        .collect();
-    let k = k.min(top.len());
-    let by = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
-    if k < top.len() {
-        top.select_nth_unstable_by(k, by);
-    }
-    top.truncate(k);
-    top.sort_unstable_by(by);
     let own = logits
         .get(id as usize)
         .map_or(f32::NEG_INFINITY, |&z| lp(z));
+    let top = top_logits(logits, k);
     (own, top.into_iter().map(|(i, z)| (i, lp(z))).collect())
+}
+
+/// The `k` largest logits with their ids, descending; ties keep the
+/// lowest id first; NaN is skipped.
+pub fn top_logits(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
+    let mut top: Vec<(u32, f32)> = Vec::with_capacity(k + 1);
+    for (i, &z) in logits.iter().enumerate() {
+        if k == 0 || z.is_nan() || (top.len() == k && z <= top[k - 1].1) {
+            continue;
+        }
+        let at = top.partition_point(|&(_, v)| v >= z);
+        top.insert(at, (i as u32, z));
+        top.truncate(k);
+    }
+    top
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn top_logits_are_descending_with_ties_to_the_lowest_id() {
+        let z = [0.5, 3.0, f32::NAN, 3.0, -1.0, 2.0, 7.0];
+        assert_eq!(top_logits(&z, 3), vec![(6, 7.0), (1, 3.0), (3, 3.0)]);
+        assert_eq!(top_logits(&z, 0), vec![]);
+        assert_eq!(top_logits(&[1.0], 5), vec![(0, 1.0)]);
+    }
 
     fn spec() -> SampleSpec {
         SampleSpec {

@@ -12,7 +12,7 @@ use super::metrics::EngineMetrics;
 use super::{Done, EngineError, Event, Pooling, TokenLogprob, TokenOut};
 use crate::constrain::Constraint;
 use crate::sampling::Sampler;
-use crate::session::{top_logits, FinishReason};
+use crate::session::FinishReason;
 use crate::stop::{StopMatcher, StopStatus};
 
 /// Generation state of a sequence.
@@ -294,21 +294,6 @@ impl Generating<'_> {
 /// `id`'s log-probability and the `k` most likely tokens' under
 /// log-softmax(`logits`), computed in f64.
 pub(crate) fn token_logprob(logits: &[f32], id: u32, k: usize) -> TokenLogprob {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f64 = logits
-        .iter()
-        .map(|&z| (f64::from(z) - f64::from(max)).exp())
-        .sum();
-    let lse = f64::from(max) + sum.ln();
-    let lp = |z: f32| (f64::from(z) - lse) as f32;
-    TokenLogprob {
-        id,
-        logprob: logits
-            .get(id as usize)
-            .map_or(f32::NEG_INFINITY, |&z| lp(z)),
-        top: top_logits(logits, k)
-            .into_iter()
-            .map(|(i, z)| (i, lp(z)))
-            .collect(),
-    }
+    let (logprob, top) = kiln_model::sample::logprobs(logits, id, k);
+    TokenLogprob { id, logprob, top }
 }

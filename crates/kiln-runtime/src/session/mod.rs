@@ -38,6 +38,7 @@ use std::time::Instant;
 
 use kiln_device::AnyBackend;
 use kiln_gguf::Gguf;
+pub(crate) use kiln_model::sample::top_logits;
 use kiln_model::{env_flag, Backend, Model, ModelConfig, Output};
 use kiln_tokenizer::Tokenizer;
 
@@ -473,32 +474,5 @@ impl<B: Backend> Session<B> {
                 Ok(out)
             }
         }
-    }
-}
-
-/// The `k` largest (id, logit) pairs, descending; NaN sorts last.
-pub(crate) fn top_logits(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
-    let mut top: Vec<(u32, f32)> = Vec::with_capacity(k + 1);
-    for (i, &z) in logits.iter().enumerate() {
-        if k == 0 || z.is_nan() || (top.len() == k && z <= top[k - 1].1) {
-            continue;
-        }
-        let at = top.partition_point(|&(_, v)| v >= z);
-        top.insert(at, (i as u32, z));
-        top.truncate(k);
-    }
-    top
-}
-
-#[cfg(test)]
-mod tests {
-    use super::top_logits;
-
-    #[test]
-    fn top_logits_are_descending_with_ties_to_the_lowest_id() {
-        let z = [0.5, 3.0, f32::NAN, 3.0, -1.0, 2.0, 7.0];
-        assert_eq!(top_logits(&z, 3), vec![(6, 7.0), (1, 3.0), (3, 3.0)]);
-        assert_eq!(top_logits(&z, 0), vec![]);
-        assert_eq!(top_logits(&[1.0], 5), vec![(0, 1.0)]);
     }
 }
