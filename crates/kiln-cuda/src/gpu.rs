@@ -22,6 +22,8 @@ use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys, Ptx};
 use kiln_model::{ModelError, Result};
 use sha2::{Digest, Sha256};
 
+use crate::profile::{profile_enabled, Profile};
+
 /// One CUDA C translation unit. NVRTC has no include path here, so `text`
 /// is the headers and the `.cu` file concatenated (`concat!` of
 /// `include_str!`s). `name` identifies it in the module cache: unique per
@@ -99,6 +101,8 @@ pub(crate) struct Gpu {
     /// captured graphs hold its old address, so they are dropped.
     workspace_generation: AtomicU64,
     pub(crate) counters: Counters,
+    /// Device time per kernel under `KILN_CUDA_PROFILE=1` (profile.rs).
+    pub(crate) profile: Profile,
 }
 
 /// Work the backend enqueued, counted for the graph-replay test and the
@@ -114,6 +118,14 @@ pub(crate) struct Counters {
     /// for the work before them): a step's wall time minus this is its
     /// host time.
     pub download_ns: AtomicU64,
+}
+
+impl Drop for Gpu {
+    fn drop(&mut self) {
+        if profile_enabled() {
+            eprint!("{}", self.profile.report());
+        }
+    }
 }
 
 impl Counters {
@@ -176,6 +188,7 @@ impl Gpu {
                 capturing: AtomicBool::new(false),
                 workspace_generation: AtomicU64::new(0),
                 counters: Counters::default(),
+                profile: Profile::default(),
             })
         })
     }
@@ -266,11 +279,36 @@ impl Gpu {
         params: &mut [*mut c_void],
         what: &str,
     ) -> Result<()> {
-        use cudarc::driver::sys;
         Counters::bump(&self.counters.kernel_launches);
         self.ctx
             .bind_to_thread()
             .map_err(|e| cuda_err(&format!("launching {what}"), e))?;
+        self.timed(what, || self.launch_pdl_inner(f, cfg, params, what))
+    }
+
+    /// Runs `enqueue` (device work on the stream), timed under
+    /// `KILN_CUDA_PROFILE=1` outside captures.
+    pub(crate) fn timed<T>(&self, what: &str, enqueue: impl FnOnce() -> Result<T>) -> Result<T> {
+        if !profile_enabled() || self.capturing.load(Ordering::SeqCst) {
+            return enqueue();
+        }
+        let start = Profile::mark(&self.stream);
+        let r = enqueue();
+        self.profile
+            .record(what, start, Profile::mark(&self.stream));
+        r
+    }
+
+    /// # Safety
+    /// As [`Gpu::launch_pdl`].
+    unsafe fn launch_pdl_inner(
+        &self,
+        f: &CudaFunction,
+        cfg: LaunchConfig,
+        params: &mut [*mut c_void],
+        what: &str,
+    ) -> Result<()> {
+        use cudarc::driver::sys;
         // SAFETY: a zeroed attribute is a valid value of the union.
         let mut attr: sys::CUlaunchAttribute = std::mem::zeroed();
         attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;

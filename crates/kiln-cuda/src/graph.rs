@@ -39,10 +39,14 @@ pub(crate) struct Graphs {
     map: Mutex<HashMap<GraphKey, Entry>>,
 }
 
-/// `KILN_CUDA_GRAPHS=0` runs every step plainly (for triage and timing).
+/// `KILN_CUDA_GRAPHS=0` runs every step plainly (for triage and timing),
+/// as does profiling (`KILN_CUDA_PROFILE=1`).
 fn graphs_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("KILN_CUDA_GRAPHS").map_or(true, |v| v.trim() != "0"))
+    *ON.get_or_init(|| {
+        std::env::var("KILN_CUDA_GRAPHS").map_or(true, |v| v.trim() != "0")
+            && !crate::profile::profile_enabled()
+    })
 }
 
 impl Graphs {

@@ -27,6 +27,7 @@ mod graph;
 mod kv_batch;
 mod matmul;
 mod ops;
+mod profile;
 mod sample;
 mod step;
 mod weight;

@@ -324,11 +324,13 @@ impl Matmul {
             };
             let a = ws.slice(0..m * w.cols);
             let mut c = out.slice_mut(r..);
-            // SAFETY: A holds m * cols values, B n_tok * cols (checked by
-            // the caller), C is written at r + i + t * n_rows < n_tok *
-            // n_rows for i < m, t < n_tok.
-            unsafe { gpu.blas.gemm(cfg, &a, x, &mut c) }
-                .map_err(|e| cuda_err(&format!("SGEMM on {}", w.name), e))?;
+            let what = format!("SGEMM on {}", w.name);
+            gpu.timed(&what, || {
+                // SAFETY: A holds m * cols values, B n_tok * cols (checked
+                // by the caller), C is written at r + i + t * n_rows <
+                // n_tok * n_rows for i < m, t < n_tok.
+                unsafe { gpu.blas.gemm(cfg, &a, x, &mut c) }.map_err(|e| cuda_err(&what, e))
+            })?;
         }
         Ok(())
     }
