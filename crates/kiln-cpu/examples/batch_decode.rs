@@ -2,7 +2,8 @@
 //! one new token each per step, through `Model::forward_batch` — the
 //! server's decode step without HTTP or sampling.
 //! `cargo run --release -p kiln-cpu --example batch_decode [-- S...]`
-//! (default S = 1 2 4 8 16). Prints ms per step and aggregate tok/s, best
+//! (default S = 1 2 4 8 16; `KILN_PROFILE=1` also prints where each
+//! run's steps go, by op). Prints ms per step and aggregate tok/s, best
 //! of three runs of 16 steps each after a 64-token prompt per sequence,
 //! for the greedy head (`Output::Argmax`) and for full logits.
 
@@ -62,6 +63,10 @@ fn run(m: &Model<CpuBackend>, s: usize, output: Output) -> f64 {
         next[i] = [id.unwrap_or(2)];
     }
     let mut scratch = m.new_scratch(s).unwrap();
+    let profiling = std::env::var("KILN_PROFILE").is_ok_and(|v| v == "1");
+    if profiling {
+        kiln_cpu::profile::start();
+    }
     let t0 = Instant::now();
     for _ in 0..STEPS {
         let mut batch: Vec<BatchSeq<'_, CpuBackend>> = caches
@@ -86,7 +91,18 @@ fn run(m: &Model<CpuBackend>, s: usize, output: Output) -> f64 {
             next[i] = [id];
         }
     }
-    t0.elapsed().as_secs_f64() / STEPS as f64
+    let secs = t0.elapsed().as_secs_f64() / STEPS as f64;
+    if profiling {
+        // Per step: the op classes' wall and CPU time, largest first.
+        let mut stats = kiln_cpu::profile::take();
+        stats.sort_by_key(|s| std::cmp::Reverse(s.1.time));
+        println!("S = {s}, {output:?}: ms per step (wall, CPU) by op");
+        for (name, st) in stats.iter().take(12) {
+            let per = |d: std::time::Duration| d.as_secs_f64() * 1e3 / STEPS as f64;
+            println!("  {:8.2} {:8.2}  {name}", per(st.time), per(st.cpu));
+        }
+    }
+    secs
 }
 
 fn argmax(v: &[f32]) -> u32 {

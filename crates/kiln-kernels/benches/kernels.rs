@@ -9,7 +9,8 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use kiln_kernels::{
-    argmax_rows, gemm, gemv, gemv_q, has_gemv_q, pool::Pool, screen_rows, Isa, QuantX, ScreenX,
+    argmax_rows, gemm, gemv, gemv_q, has_gemv_q, pool::Pool, screen_rows, screen_rows_multi, Isa,
+    QuantX, ScreenX,
 };
 use kiln_quant::GgmlType;
 
@@ -174,6 +175,36 @@ fn bench_screen(rows: usize, k: usize) {
     }
 }
 
+/// The screen of a batch's greedy head: `n` activation rows at once.
+fn bench_screen_multi(rows: usize, k: usize, n: usize) {
+    let ty = GgmlType::Q8_0;
+    let w = weights(ty, rows, k);
+    let sxs: Vec<ScreenX> = (0..n)
+        .map(|i| ScreenX::new(&acts(k + i)[i..]).expect("finite x"))
+        .collect();
+    let packed = w.len() / rows;
+    let (mut hi, mut lo) = (vec![0.0f32; rows * n], vec![0.0f32; n]);
+    for isa in isas()
+        .into_iter()
+        .chain([Isa::Avx512Vnni])
+        .filter(|&i| i != Isa::Scalar)
+    {
+        if isa > Isa::cpu_max() {
+            continue;
+        }
+        let s = time(Duration::from_millis(600), || {
+            lo.fill(f32::NEG_INFINITY);
+            screen_rows_multi(isa, ty, &w, packed, black_box(&sxs), &mut hi, &mut lo).unwrap();
+            black_box(&hi);
+        });
+        println!(
+            "screen lm_head Q8_0 {rows}x{k} n={n} {isa:<10} {:>8.1} us ({:.2} GB/s)",
+            s * 1e6,
+            w.len() as f64 / s / 1e9
+        );
+    }
+}
+
 fn bench_gemm(name: &str, ty: GgmlType, rows: usize, k: usize, n: usize) {
     let w = weights(ty, rows, k);
     let x = acts(n * k);
@@ -330,6 +361,9 @@ fn main() {
         bench_argmax(262144, 640);
         bench_screen(262144, 640);
         bench_screen(1024, 640);
+        for n in [2, 8, 16] {
+            bench_screen_multi(32768, 640, n);
+        }
     }
     if on("gemm") {
         bench_gemm("ffn_gate/up", GgmlType::Q5_0, 2048, 640, 64);
