@@ -361,7 +361,7 @@ fn main() {
         bench_argmax(262144, 640);
         bench_screen(262144, 640);
         bench_screen(1024, 640);
-        for n in [2, 8, 16] {
+        for n in [2, 4, 8, 16] {
             bench_screen_multi(32768, 640, n);
         }
     }

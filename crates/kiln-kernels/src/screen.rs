@@ -31,6 +31,9 @@ pub struct ScreenX {
     /// Per lane (`k / 4`): `d_b` and `c_b / 8`.
     pub(crate) lane_d: Vec<f32>,
     pub(crate) lane_c: Vec<f32>,
+    /// Per block: `−128 · Σ q` (the VNNI screen sums `(w + 128) · q`
+    /// from there, which leaves `Σ w · q`).
+    pub(crate) qsum: Vec<i32>,
 }
 
 impl ScreenX {
@@ -50,6 +53,7 @@ impl ScreenX {
         self.c.clear();
         self.lane_d.clear();
         self.lane_c.clear();
+        self.qsum.clear();
         if !x.len().is_multiple_of(32) || x.iter().any(|v| !v.is_finite()) {
             return false;
         }
@@ -78,6 +82,10 @@ impl ScreenX {
             sx.lane_d.extend([d; 8]);
             sx.lane_c.extend([c / 8.0; 8]);
         }
+        let sums =
+            sx.q.chunks_exact(32)
+                .map(|b| -128 * b.iter().map(|&q| i32::from(q)).sum::<i32>());
+        sx.qsum.extend(sums);
         sx.k = x.len();
         true
     }
@@ -172,7 +180,28 @@ mod tests {
             s ^= s << 17;
             s
         };
-        let (k, rows) = (640, 13);
+        // 37 rows: two 16-row tiles of the VNNI form and a remainder.
+        for (k, rows) in [(640, 13), (640, 37), (96, 37)] {
+            multi_row_case(k, rows, &mut rnd);
+        }
+        let w = vec![0u8; 13 * 640 / 32 * 34];
+        let rb = 640 / 32 * 34;
+        let short = ScreenX::new(&[0.5; 32]).unwrap();
+        let sxs = [ScreenX::new(&[0.5; 64]).unwrap(), short];
+        let (mut hi, mut lo) = (vec![0.0; 2], vec![0.0; 2]);
+        assert!(crate::screen_rows_multi(
+            Isa::Scalar,
+            GgmlType::Q8_0,
+            &w,
+            rb,
+            &sxs,
+            &mut hi,
+            &mut lo
+        )
+        .is_err());
+    }
+
+    fn multi_row_case(k: usize, rows: usize, rnd: &mut impl FnMut() -> u64) {
         let rb = k / 32 * 34;
         let mut w = vec![0u8; rows * rb];
         for blk in w.chunks_exact_mut(34) {
@@ -221,19 +250,6 @@ mod tests {
                 }
             }
         }
-        let short = ScreenX::new(&[0.5; 32]).unwrap();
-        let sxs = [ScreenX::new(&[0.5; 64]).unwrap(), short];
-        let (mut hi, mut lo) = (vec![0.0; 2], vec![0.0; 2]);
-        assert!(crate::screen_rows_multi(
-            Isa::Scalar,
-            GgmlType::Q8_0,
-            &w,
-            rb,
-            &sxs,
-            &mut hi,
-            &mut lo
-        )
-        .is_err());
     }
 
     /// The SIMD screens take rows in groups: any row count (full groups

@@ -125,6 +125,7 @@ mod kern;
 mod qdot;
 mod rows;
 mod screen;
+mod screen_vnni;
 mod tile;
 
 use kiln_quant::GgmlType;
@@ -326,8 +327,12 @@ pub(crate) fn screen_q8_0_multi(
 ) -> bool {
     match isa {
         Isa::Scalar => false,
-        // SAFETY: `isa` is at most `Isa::cpu_max()`, so AVX2/FMA/F16C are
-        // present; the caller checked the shapes.
+        // SAFETY: `isa` is at most `Isa::cpu_max()`, so AVX-512 VNNI and
+        // AVX2/FMA/F16C are present; the caller checked the shapes.
+        Isa::Avx512Vnni | Isa::Amx if sxs.len() >= screen_vnni::MIN_ACTIVATIONS => unsafe {
+            screen_vnni::screen_vnni_multi(sxs, w, row_bytes, hi, lo)
+        },
+        // SAFETY: as above, AVX2/FMA/F16C.
         _ => unsafe { screen::screen_avx2_multi(sxs, w, row_bytes, hi, lo) },
     }
 }

@@ -1,17 +1,20 @@
 //! SIMD screens for `crate::screen` (same math, same lane layout): AVX2
 //! with `maddubs` (`|w| · sign(x, w)`, no i16 overflow since
-//! `2 · 128 · 127 < 2^15`), on every level. An AVX-512 VNNI form
-//! (`vpdpbusd` on `w + 128`, two blocks per step) was 20-30% slower on
-//! Zen 4 (thread CPU time, LM head of the 270M, decode and kernel bench):
-//! its per-pair scale gather (`vpermw`) and 512-bit ops cost more than the
-//! 256-bit `maddubs` form saves, so it was removed.
+//! `2 · 128 · 127 < 2^15`), on every level for one activation row and on
+//! levels without VNNI for several. An AVX-512 VNNI form of the one-row
+//! screen (`vpdpbusd` on `w + 128`, two blocks per step) was 20-30%
+//! slower on Zen 4 (thread CPU time, LM head of the 270M, decode and
+//! kernel bench): its per-pair scale gather (`vpermw`) and 512-bit ops
+//! cost more than the 256-bit `maddubs` form saves, so it was removed.
+//! Four or more activation rows on VNNI take `super::screen_vnni`, which
+//! puts vocab rows in lanes instead.
 
 use core::arch::x86_64::*;
 
 use crate::screen::{fold_lo, ScreenX, ABS_SLACK};
 
 /// Q8_0 block bytes: f16 scale + 32 quants.
-const BLK: usize = 34;
+pub(super) const BLK: usize = 34;
 
 /// How many row groups ahead the screens prefetch.
 const PREFETCH_GROUPS: usize = 2;

@@ -1,0 +1,237 @@
+//! The multi-row Q8_0 screen with AVX-512 VNNI, vocab rows in lanes (see
+//! `crate::screen` for the math; same bounds up to f32 summation order).
+//!
+//! The `maddubs` form ([`super::screen::screen_avx2_multi`]) spends about
+//! eight 256-bit ops per (vocab row, block, activation row): the integer
+//! products, then a conversion, a scale product and an FMA per block, so a
+//! batch of 8 costs 5-7x one row's memory-bound screen on Zen 4 (see
+//! bench/RESULTS.md). Here a tile of 16 vocab rows is transposed once per
+//! block so that 32-bit lane `i` of register `W_j` holds bytes `4j .. 4j +
+//! 4` of row `i` (shifted to `w + 128`); an activation row then takes
+//! eight `vpdpbusd` against its own four bytes broadcast, which sum the
+//! whole block in integers for all 16 rows (started at `−128 · Σ q`, which
+//! takes the shift back out), and one conversion, scale product and FMA
+//! per 16 rows and block. The transposed tile is kept on the stack and
+//! reused by every group of [`GROUP`] activation rows.
+
+use core::arch::x86_64::*;
+
+use super::screen::{screen_avx2_multi, BLK};
+use crate::screen::{fold_lo, ScreenX, ABS_SLACK};
+
+/// Fewest activation rows this form takes: below, transposing the tile
+/// costs more than it saves (Zen 4, 32,768 x 640: 2 rows 2.29 vs 2.12 ms,
+/// 4 rows 2.95 vs 3.31, 8 rows 3.76 vs 5.83, 16 rows 5.58 vs 11.57 for
+/// the `maddubs` form).
+pub(super) const MIN_ACTIVATIONS: usize = 4;
+/// Vocab rows of a tile: one per 32-bit lane.
+const ROWS: usize = 16;
+/// Activation rows per pass over a tile (their integer sums, products and
+/// bounds stay in registers).
+const GROUP: usize = 8;
+/// Most blocks per row (heads up to 5,632 columns); longer rows take the
+/// `maddubs` form. The transposed tile takes 640 bytes per block.
+const MAX_BLOCKS: usize = 176;
+/// Per block of a tile: the eight code registers, `dw` and `|dw|`.
+const PER_BLOCK: usize = 10;
+
+/// As [`screen_avx2_multi`] (same contract), vocab rows in tiles of 16;
+/// a remainder of rows, or rows over [`MAX_BLOCKS`] blocks, take that form.
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C present; `w` holds
+/// `hi.len() / sxs.len()` rows of `sxs[0].len() / 32` Q8_0 blocks at
+/// stride `row_bytes`; every `sxs[t]` has that length.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn screen_vnni_multi(
+    sxs: &[ScreenX],
+    w: &[u8],
+    row_bytes: usize,
+    hi: &mut [f32],
+    lo: &mut [f32],
+) -> bool {
+    let n = sxs.len();
+    let nb = sxs[0].k / 32;
+    let rows = hi.len() / n;
+    let tiles = if nb <= MAX_BLOCKS { rows / ROWS } else { 0 };
+    let mut tile = [_mm512_setzero_si512(); MAX_BLOCKS * PER_BLOCK];
+    for t in 0..tiles {
+        let r0 = t * ROWS;
+        // SAFETY: rows r0 .. r0 + 16 of `nb` blocks lie in `w` (the
+        // caller's contract); `tile` holds `nb * PER_BLOCK` registers.
+        unsafe { transpose_tile(&w[r0 * row_bytes..], row_bytes, nb, &mut tile) };
+        for g in (0..n).step_by(GROUP) {
+            let m = GROUP.min(n - g);
+            let xs = &sxs[g..g + m];
+            // SAFETY: as above; each `xs` row holds `nb` blocks.
+            let (a, b) = unsafe {
+                match m {
+                    1 => group_dots::<1>(&tile, nb, xs),
+                    2 => group_dots::<2>(&tile, nb, xs),
+                    3 => group_dots::<3>(&tile, nb, xs),
+                    4 => group_dots::<4>(&tile, nb, xs),
+                    5 => group_dots::<5>(&tile, nb, xs),
+                    6 => group_dots::<6>(&tile, nb, xs),
+                    7 => group_dots::<7>(&tile, nb, xs),
+                    _ => group_dots::<8>(&tile, nb, xs),
+                }
+            };
+            for (j, (aj, bj)) in a.iter().zip(&b).take(m).enumerate() {
+                for i in 0..ROWS {
+                    let (av, bv) = (aj[i], bj[i] + ABS_SLACK);
+                    let h = av + bv;
+                    hi[(r0 + i) * n + g + j] = h;
+                    lo[g + j] = fold_lo(lo[g + j], av - bv, h);
+                }
+            }
+        }
+    }
+    let done = tiles * ROWS;
+    if done < rows {
+        // SAFETY: the caller's contract, for the remaining rows.
+        return unsafe {
+            screen_avx2_multi(
+                sxs,
+                &w[done * row_bytes..],
+                row_bytes,
+                &mut hi[done * n..],
+                lo,
+            )
+        };
+    }
+    true
+}
+
+/// Writes, per block `b` of the 16 rows at `w` (stride `row_bytes`),
+/// `tile[b * PER_BLOCK + j]` (lane `i`: bytes `4j .. 4j + 4` of row `i`'s
+/// codes, each `+ 128`), then the rows' scales and their absolute values.
+/// (Sixteen gathers instead measured 2x slower on Zen 4.)
+///
+/// # Safety
+/// As [`screen_vnni_multi`]; `w` holds 16 rows of `nb` blocks and `tile`
+/// `nb * PER_BLOCK` registers.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn transpose_tile(w: &[u8], row_bytes: usize, nb: usize, tile: &mut [__m512i]) {
+    assert!(
+        w.len() >= (ROWS - 1) * row_bytes + nb * BLK
+            && tile.len() >= nb * PER_BLOCK
+            && nb <= MAX_BLOCKS
+    );
+    let shift = _mm512_set1_epi8(-128);
+    // Per 256-bit half: 128-bit lane 0 of both operands, then lane 1 (the
+    // last step of the 8 x 8 word transpose).
+    let lo_idx = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
+    let hi_idx = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+    let base = w.as_ptr();
+    // The scales first, as f16 bits per block: read back as one vector
+    // per block only after the transposes below (sixteen 2-byte stores
+    // right before a 32-byte load of them would stall its forwarding).
+    let mut bits = [[0u16; ROWS]; MAX_BLOCKS];
+    for i in 0..ROWS {
+        let row = &w[i * row_bytes..][..nb * BLK];
+        for (b, blk) in row.chunks_exact(BLK).enumerate() {
+            bits[b][i] = u16::from_le_bytes([blk[0], blk[1]]);
+        }
+    }
+    for b in 0..nb {
+        // SAFETY: every row's block `b` lies in `w` (asserted above).
+        unsafe {
+            let at = |i: usize| base.add(i * row_bytes + b * BLK);
+            // z[k]: row k's eight code words, then row k + 8's.
+            let z: [__m512i; 8] = core::array::from_fn(|k| {
+                _mm512_inserti64x4::<1>(
+                    _mm512_castsi256_si512(_mm256_loadu_si256(at(k).add(2).cast())),
+                    _mm256_loadu_si256(at(k + 8).add(2).cast()),
+                )
+            });
+            // Rows 2m, 2m + 1 interleaved by word.
+            let t: [__m512i; 8] = core::array::from_fn(|i| {
+                let (p, q) = (z[2 * (i / 2)], z[2 * (i / 2) + 1]);
+                if i % 2 == 0 {
+                    _mm512_unpacklo_epi32(p, q)
+                } else {
+                    _mm512_unpackhi_epi32(p, q)
+                }
+            });
+            // u[4h + c]: word c (high 128 bits: c + 4) of rows 4h .. 4h + 4.
+            let u: [__m512i; 8] = core::array::from_fn(|i| {
+                let (h, c) = (i / 4, i % 4);
+                let (p, q) = (t[4 * h + c / 2], t[4 * h + 2 + c / 2]);
+                if c % 2 == 0 {
+                    _mm512_unpacklo_epi64(p, q)
+                } else {
+                    _mm512_unpackhi_epi64(p, q)
+                }
+            });
+            let out = &mut tile[b * PER_BLOCK..][..PER_BLOCK];
+            for c in 0..4 {
+                let (p, q) = (u[c], u[4 + c]);
+                out[c] = _mm512_xor_si512(_mm512_permutex2var_epi64(p, lo_idx, q), shift);
+                out[c + 4] = _mm512_xor_si512(_mm512_permutex2var_epi64(p, hi_idx, q), shift);
+            }
+            let dw = _mm512_cvtph_ps(_mm256_loadu_si256(bits[b].as_ptr().cast()));
+            out[8] = _mm512_castps_si512(dw);
+            out[9] = _mm512_castps_si512(_mm512_abs_ps(dw));
+        }
+    }
+}
+
+/// For the `M` activation rows `xs`: per vocab row of the tile (lanes),
+/// `a = Σ_b dw_b · d_b · Σ w · q` and `β` without its slack.
+///
+/// # Safety
+/// As [`screen_vnni_multi`]; `tile` holds `nb` transposed blocks and each
+/// `xs[t]` `nb` blocks.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn group_dots<const M: usize>(
+    tile: &[__m512i],
+    nb: usize,
+    xs: &[ScreenX],
+) -> ([[f32; ROWS]; GROUP], [[f32; ROWS]; GROUP]) {
+    assert!(
+        xs.len() == M
+            && tile.len() >= nb * PER_BLOCK
+            && xs.iter().all(|x| x.q.len() >= nb * 32
+                && x.qsum.len() >= nb
+                && x.d.len() >= nb
+                && x.c.len() >= nb)
+    );
+    let mut acc = [_mm512_setzero_ps(); M];
+    let mut bnd = [_mm512_setzero_ps(); M];
+    for b in 0..nb {
+        let blk = &tile[b * PER_BLOCK..][..PER_BLOCK];
+        // SAFETY: block `b` of every activation row exists (asserted).
+        unsafe {
+            let mut dot: [__m512i; M] = core::array::from_fn(|t| _mm512_set1_epi32(xs[t].qsum[b]));
+            for (j, wj) in blk[..8].iter().enumerate() {
+                for (t, d) in dot.iter_mut().enumerate() {
+                    let q4 = xs[t]
+                        .q
+                        .as_ptr()
+                        .add(b * 32 + 4 * j)
+                        .cast::<i32>()
+                        .read_unaligned();
+                    *d = _mm512_dpbusd_epi32(*d, *wj, _mm512_set1_epi32(q4));
+                }
+            }
+            let (dw, adw) = (_mm512_castsi512_ps(blk[8]), _mm512_castsi512_ps(blk[9]));
+            for t in 0..M {
+                let scale = _mm512_mul_ps(dw, _mm512_set1_ps(xs[t].d[b]));
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[t]), scale, acc[t]);
+                bnd[t] = _mm512_fmadd_ps(adw, _mm512_set1_ps(xs[t].c[b]), bnd[t]);
+            }
+        }
+    }
+    let mut a = [[0.0f32; ROWS]; GROUP];
+    let mut bo = [[0.0f32; ROWS]; GROUP];
+    for t in 0..M {
+        // SAFETY: each array holds 16 f32.
+        unsafe {
+            _mm512_storeu_ps(a[t].as_mut_ptr(), acc[t]);
+            _mm512_storeu_ps(bo[t].as_mut_ptr(), bnd[t]);
+        }
+    }
+    (a, bo)
+}
