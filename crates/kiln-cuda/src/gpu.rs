@@ -279,36 +279,11 @@ impl Gpu {
         params: &mut [*mut c_void],
         what: &str,
     ) -> Result<()> {
+        use cudarc::driver::sys;
         Counters::bump(&self.counters.kernel_launches);
         self.ctx
             .bind_to_thread()
             .map_err(|e| cuda_err(&format!("launching {what}"), e))?;
-        self.timed(what, || self.launch_pdl_inner(f, cfg, params, what))
-    }
-
-    /// Runs `enqueue` (device work on the stream), timed under
-    /// `KILN_CUDA_PROFILE=1` outside captures.
-    pub(crate) fn timed<T>(&self, what: &str, enqueue: impl FnOnce() -> Result<T>) -> Result<T> {
-        if !profile_enabled() || self.capturing.load(Ordering::SeqCst) {
-            return enqueue();
-        }
-        let start = Profile::mark(&self.stream);
-        let r = enqueue();
-        self.profile
-            .record(what, start, Profile::mark(&self.stream));
-        r
-    }
-
-    /// # Safety
-    /// As [`Gpu::launch_pdl`].
-    unsafe fn launch_pdl_inner(
-        &self,
-        f: &CudaFunction,
-        cfg: LaunchConfig,
-        params: &mut [*mut c_void],
-        what: &str,
-    ) -> Result<()> {
-        use cudarc::driver::sys;
         // SAFETY: a zeroed attribute is a valid value of the union.
         let mut attr: sys::CUlaunchAttribute = std::mem::zeroed();
         attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
@@ -325,14 +300,29 @@ impl Gpu {
             attrs: &mut attr,
             numAttrs: u32::from(pdl_enabled()),
         };
-        sys::cuLaunchKernelEx(
-            &config,
-            f.cu_function(),
-            params.as_mut_ptr(),
-            std::ptr::null_mut(),
-        )
-        .result()
-        .map_err(|e| cuda_err(&format!("launching {what}"), e))
+        self.timed(what, || {
+            sys::cuLaunchKernelEx(
+                &config,
+                f.cu_function(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+            .result()
+            .map_err(|e| cuda_err(&format!("launching {what}"), e))
+        })
+    }
+
+    /// Runs `enqueue` (device work on the stream), timed under
+    /// `KILN_CUDA_PROFILE=1` outside captures.
+    pub(crate) fn timed<T>(&self, what: &str, enqueue: impl FnOnce() -> Result<T>) -> Result<T> {
+        if !profile_enabled() || self.capturing.load(Ordering::SeqCst) {
+            return enqueue();
+        }
+        let start = Profile::mark(&self.stream);
+        let r = enqueue();
+        self.profile
+            .record(what, start, Profile::mark(&self.stream));
+        r
     }
 
     pub(crate) fn set_capturing(&self, on: bool) {
