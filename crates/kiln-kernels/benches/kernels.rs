@@ -88,6 +88,12 @@ fn isas() -> Vec<Isa> {
     Isa::available().filter(|&i| i != Isa::Avx512Vnni).collect()
 }
 
+/// The levels the screens have SIMD forms for: every available one but
+/// the scalar path, `Avx512Vnni` included (its forms differ).
+fn screen_isas() -> Vec<Isa> {
+    Isa::available().filter(|&i| i != Isa::Scalar).collect()
+}
+
 fn bench_gemv(name: &str, ty: GgmlType, rows: usize, k: usize) {
     let w = weights(ty, rows, k);
     let x = acts(k);
@@ -156,14 +162,7 @@ fn bench_screen(rows: usize, k: usize) {
     let sx = ScreenX::new(&x).expect("finite x");
     let packed = w.len() / rows;
     let mut hi = vec![0.0f32; rows];
-    for isa in isas()
-        .into_iter()
-        .chain([Isa::Avx512Vnni])
-        .filter(|&i| i != Isa::Scalar)
-    {
-        if isa > Isa::cpu_max() {
-            continue;
-        }
+    for isa in screen_isas() {
         let s = time(Duration::from_millis(600), || {
             black_box(screen_rows(isa, ty, &w, packed, black_box(&sx), &mut hi).unwrap());
         });
@@ -184,14 +183,7 @@ fn bench_screen_multi(rows: usize, k: usize, n: usize) {
         .collect();
     let packed = w.len() / rows;
     let (mut hi, mut lo) = (vec![0.0f32; rows * n], vec![0.0f32; n]);
-    for isa in isas()
-        .into_iter()
-        .chain([Isa::Avx512Vnni])
-        .filter(|&i| i != Isa::Scalar)
-    {
-        if isa > Isa::cpu_max() {
-            continue;
-        }
+    for isa in screen_isas() {
         let s = time(Duration::from_millis(600), || {
             lo.fill(f32::NEG_INFINITY);
             screen_rows_multi(isa, ty, &w, packed, black_box(&sxs), &mut hi, &mut lo).unwrap();
