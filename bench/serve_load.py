@@ -18,57 +18,55 @@ import time
 import urllib.parse
 
 
-async def stream_one(url, body):
-    """(time to first token, tokens, total seconds) of one streamed request."""
+DONE = "[DONE]"
+
+
+async def open_stream(url, body):
+    """(reader, writer) of a POST /v1/completions whose 200 response headers
+    have been read; RuntimeError for any other status."""
     u = urllib.parse.urlsplit(url)
-    t0 = time.perf_counter()
     reader, writer = await asyncio.open_connection(u.hostname, u.port)
     data = json.dumps(body).encode()
     writer.write((f"POST /v1/completions HTTP/1.1\r\nHost: {u.netloc}\r\nContent-Type: application/json\r\n"
                   f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n").encode() + data)
     await writer.drain()
-    status = int((await reader.readline()).split()[1])
-    if status != 200:
-        raise RuntimeError(f"status {status}: {(await reader.read())[:300]!r}")
+    status_line = await reader.readline()
+    parts = status_line.split()
+    if len(parts) < 2 or parts[1] != b"200":
+        rest = await reader.read()
+        writer.close()
+        raise RuntimeError(f"status line {status_line[:80]!r}: {rest[:300]!r}")
     while (await reader.readline()) not in (b"\r\n", b""):
         pass
-    ttft, tokens, buf = None, 0, b""
+    return reader, writer
+
+
+async def sse_messages(reader):
+    """Each Server-Sent Event's JSON payload as a dict, and DONE for
+    `data: [DONE]`; other lines are skipped."""
+    buf = b""
     while True:
         chunk = await reader.read(65536)
         if not chunk:
-            break
+            return
         buf += chunk
         while b"\n\n" in buf:
             event, buf = buf.split(b"\n\n", 1)
             line = event.split(b"data: ", 1)[-1].strip()
-            if not line or line == b"[DONE]" or not line.startswith(b"{"):
-                continue
-            msg = json.loads(line)
-            choices = msg.get("choices") or []
-            # llama-server sends one token per event; kiln too (held-back
-            # stop-string text aside, which greedy ignore_eos runs have none of).
-            if choices and (choices[0].get("text") or choices[0].get("finish_reason") is None):
-                if ttft is None:
-                    ttft = time.perf_counter() - t0
-                tokens += 1
-            usage = msg.get("usage")
-            if usage and usage.get("completion_tokens"):
-                tokens = usage["completion_tokens"]
-    writer.close()
-    return ttft or 0.0, tokens, time.perf_counter() - t0
+            if line == b"[DONE]":
+                yield DONE
+            elif line.startswith(b"{"):
+                yield json.loads(line)
 
 
-async def engine_seconds(url):
-    """(busy, forward, steps) from a kiln server's /metrics; None elsewhere."""
+async def read_metrics(url):
+    """A server's /metrics as {name: value} (unlabelled samples)."""
     u = urllib.parse.urlsplit(url)
-    try:
-        reader, writer = await asyncio.open_connection(u.hostname, u.port)
-        writer.write(f"GET /metrics HTTP/1.1\r\nHost: {u.netloc}\r\nConnection: close\r\n\r\n".encode())
-        await writer.drain()
-        text = (await reader.read()).decode(errors="replace")
-        writer.close()
-    except OSError:
-        return None
+    reader, writer = await asyncio.open_connection(u.hostname, u.port)
+    writer.write(f"GET /metrics HTTP/1.1\r\nHost: {u.netloc}\r\nConnection: close\r\n\r\n".encode())
+    await writer.drain()
+    text = (await reader.read()).decode(errors="replace")
+    writer.close()
     vals = {}
     for line in text.splitlines():
         parts = line.split()
@@ -77,6 +75,37 @@ async def engine_seconds(url):
                 vals[parts[0]] = float(parts[1])
             except ValueError:
                 pass
+    return vals
+
+
+async def stream_one(url, body):
+    """(time to first token, tokens, total seconds) of one streamed request."""
+    t0 = time.perf_counter()
+    reader, writer = await open_stream(url, body)
+    ttft, tokens = None, 0
+    async for msg in sse_messages(reader):
+        if msg is DONE:
+            continue
+        choices = msg.get("choices") or []
+        # llama-server sends one token per event; kiln too (held-back
+        # stop-string text aside, which greedy ignore_eos runs have none of).
+        if choices and (choices[0].get("text") or choices[0].get("finish_reason") is None):
+            if ttft is None:
+                ttft = time.perf_counter() - t0
+            tokens += 1
+        usage = msg.get("usage")
+        if usage and usage.get("completion_tokens"):
+            tokens = usage["completion_tokens"]
+    writer.close()
+    return ttft or 0.0, tokens, time.perf_counter() - t0
+
+
+async def engine_seconds(url):
+    """(busy, forward, steps) from a kiln server's /metrics; None elsewhere."""
+    try:
+        vals = await read_metrics(url)
+    except OSError:
+        return None
     keys = ("kiln_engine_busy_seconds_total", "kiln_forward_seconds_total", "kiln_steps_total")
     return tuple(vals[k] for k in keys) if all(k in vals for k in keys) else None
 
@@ -147,4 +176,5 @@ async def main():
                   flush=True)
 
 
-asyncio.run(main())
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -27,6 +27,8 @@ import sys
 import time
 import urllib.parse
 
+from serve_load import DONE, open_stream, read_metrics, sse_messages
+
 
 class Abandoned(Exception):
     """The client closed the stream on purpose."""
@@ -34,44 +36,22 @@ class Abandoned(Exception):
 
 async def stream_one(url, body, abandon_after):
     """Tokens received; raises on any protocol error, Abandoned on purpose."""
-    u = urllib.parse.urlsplit(url)
-    reader, writer = await asyncio.open_connection(u.hostname, u.port)
+    reader, writer = await open_stream(url, body)
     try:
-        data = json.dumps(body).encode()
-        writer.write((f"POST /v1/completions HTTP/1.1\r\nHost: {u.netloc}\r\n"
-                      f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n"
-                      f"Connection: close\r\n\r\n").encode() + data)
-        await writer.drain()
-        status_line = await reader.readline()
-        parts = status_line.split()
-        if len(parts) < 2 or int(parts[1]) != 200:
-            raise RuntimeError(f"status line {status_line[:80]!r}: {(await reader.read())[:300]!r}")
-        while (await reader.readline()) not in (b"\r\n", b""):
-            pass
-        tokens, usage_tokens, done, buf = 0, None, False, b""
-        while True:
-            chunk = await reader.read(65536)
-            if not chunk:
-                break
-            buf += chunk
-            while b"\n\n" in buf:
-                event, buf = buf.split(b"\n\n", 1)
-                line = event.split(b"data: ", 1)[-1].strip()
-                if line == b"[DONE]":
-                    done = True
-                    continue
-                if not line.startswith(b"{"):
-                    continue
-                msg = json.loads(line)
-                if "error" in msg:
-                    raise RuntimeError(f"error event: {msg['error']}")
-                choices = msg.get("choices") or []
-                if choices and choices[0].get("finish_reason") is None:
-                    tokens += 1
-                if msg.get("usage"):
-                    usage_tokens = msg["usage"].get("completion_tokens")
-                if abandon_after is not None and tokens >= abandon_after:
-                    raise Abandoned()
+        tokens, usage_tokens, done = 0, None, False
+        async for msg in sse_messages(reader):
+            if msg is DONE:
+                done = True
+                continue
+            if "error" in msg:
+                raise RuntimeError(f"error event: {msg['error']}")
+            choices = msg.get("choices") or []
+            if choices and choices[0].get("finish_reason") is None:
+                tokens += 1
+            if msg.get("usage"):
+                usage_tokens = msg["usage"].get("completion_tokens")
+            if abandon_after is not None and tokens >= abandon_after:
+                raise Abandoned()
         if not done:
             raise RuntimeError("stream ended without [DONE]")
         if usage_tokens != body["max_tokens"]:
@@ -79,24 +59,6 @@ async def stream_one(url, body, abandon_after):
         return usage_tokens
     finally:
         writer.close()
-
-
-async def metrics(url):
-    u = urllib.parse.urlsplit(url)
-    reader, writer = await asyncio.open_connection(u.hostname, u.port)
-    writer.write(f"GET /metrics HTTP/1.1\r\nHost: {u.netloc}\r\nConnection: close\r\n\r\n".encode())
-    await writer.drain()
-    text = (await reader.read()).decode(errors="replace")
-    writer.close()
-    vals = {}
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) == 2 and not line.startswith("#"):
-            try:
-                vals[parts[0]] = float(parts[1])
-            except ValueError:
-                pass
-    return vals
 
 
 async def main():
@@ -152,7 +114,7 @@ async def main():
     idle, vals = False, {}
     deadline = time.perf_counter() + args.idle_wait
     while time.perf_counter() < deadline:
-        vals = await metrics(args.url)
+        vals = await read_metrics(args.url)
         if all(vals.get(k, 0.0) == 0.0 for k in ("kiln_running_sequences", "kiln_kv_running_bytes",
                                                    "kiln_queue_depth")):
             idle = True
