@@ -12,9 +12,10 @@
 use std::cell::RefCell;
 
 use kiln_kernels::Isa;
-use kiln_model::AttnParams;
+use kiln_model::{AttnParams, ModelError, PastKv, Result};
 
-use crate::par::Par;
+use crate::par::{Par, SendPtr};
+use crate::{check, CpuBackend, CpuBuf};
 
 /// Query tokens per prefill task.
 const TOKEN_BLOCK: usize = 16;
@@ -42,11 +43,158 @@ thread_local! {
 }
 
 /// Cached K/V before `p0`: position `pos` lives in row `pos % rows`.
+#[derive(Clone, Copy)]
 pub(crate) struct Past<'a> {
     pub k: &'a [f32],
     pub v: &'a [f32],
     pub start: usize,
     pub rows: usize,
+}
+
+/// Sequences of an `attention_batch` call checked and run together.
+const BATCH_GROUP: usize = 64;
+
+/// One sequence's attention call, its shapes checked against the
+/// buffers.
+#[derive(Clone, Copy)]
+pub(crate) struct Seq<'a> {
+    past: Option<Past<'a>>,
+    p: &'a AttnParams,
+}
+
+impl<'a> Seq<'a> {
+    /// The backend's `attention` arguments, checked: every row the call
+    /// reads or writes lies inside its buffer.
+    pub(crate) fn checked(
+        q: &CpuBuf,
+        cur_k: &CpuBuf,
+        cur_v: &CpuBuf,
+        past: Option<PastKv<'a, CpuBackend>>,
+        p: &'a AttnParams,
+        out: &CpuBuf,
+    ) -> Result<Seq<'a>> {
+        let hd = p.head_dim;
+        let qd = p.n_head * hd;
+        let kvd = p.n_kv_head * hd;
+        let end = p.row0 + p.n_tok;
+        check("attention q", end * qd, q.len())?;
+        check("attention k", end * kvd, cur_k.len())?;
+        check("attention v", end * kvd, cur_v.len())?;
+        check("attention out", end * qd, out.len())?;
+        if let Some(pk) = &past {
+            let held = p.p0 - pk.start.min(p.p0);
+            if held > pk.rows || pk.k.len() < pk.rows * kvd || pk.v.len() < pk.rows * kvd {
+                return Err(ModelError::Backend(format!(
+                    "attention: cache of {} rows cannot hold positions {}..{}",
+                    pk.rows, pk.start, p.p0
+                )));
+            }
+        }
+        if p.n_kv_head == 0 || !p.n_head.is_multiple_of(p.n_kv_head) {
+            return Err(ModelError::Backend(format!(
+                "attention: {} heads do not group over {} KV heads",
+                p.n_head, p.n_kv_head
+            )));
+        }
+        let past = past.map(|pk| Past {
+            k: &pk.k[..],
+            v: &pk.v[..],
+            start: pk.start,
+            rows: pk.rows,
+        });
+        Ok(Seq { past, p })
+    }
+
+    /// Runs the call, writing its rows of `out`.
+    ///
+    /// # Safety
+    /// `out` points at the buffer `checked` saw, and nothing else reads or
+    /// writes this sequence's rows of it during the call.
+    pub(crate) unsafe fn run(
+        &self,
+        par: &Par,
+        isa: Isa,
+        q: &[f32],
+        cur_k: &[f32],
+        cur_v: &[f32],
+        out: *mut f32,
+    ) {
+        let p = self.p;
+        let (qd, kvd) = (p.n_head * p.head_dim, p.n_kv_head * p.head_dim);
+        let (r0, r1) = (p.row0, p.row0 + p.n_tok);
+        // SAFETY: rows r0..r1 of `out` are inside it (checked) and this
+        // call's alone (the caller's contract).
+        let out = unsafe { std::slice::from_raw_parts_mut(out.add(r0 * qd), (r1 - r0) * qd) };
+        attention(
+            par,
+            isa,
+            &q[r0 * qd..r1 * qd],
+            &cur_k[r0 * kvd..r1 * kvd],
+            &cur_v[r0 * kvd..r1 * kvd],
+            self.past.as_ref(),
+            p,
+            out,
+        );
+    }
+}
+
+/// The backend's `attention_batch`: the sequences with one query row (a
+/// decode step's) run side by side, one per task, instead of one after
+/// another on a single thread each (a lone query over fewer than
+/// [`MIN_SPLIT_KEYS`] keys is one task); the inner fork/joins of those
+/// tasks run inline, with the key splits a lone call would make, so every
+/// row gets the same arithmetic either way. Longer chunks (prefill) run
+/// one after another, each across the pool.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn batch<'c, 'p>(
+    par: &Par,
+    isa: Isa,
+    q: &CpuBuf,
+    cur_k: &CpuBuf,
+    cur_v: &CpuBuf,
+    pasts: &mut dyn Iterator<Item = Option<PastKv<'c, CpuBackend>>>,
+    params: &'p [AttnParams],
+    out: &mut CpuBuf,
+) -> Result<()> {
+    let dst = SendPtr(out.as_mut_ptr());
+    // Sequences in groups on the stack: a decode step allocates nothing.
+    let mut done = 0;
+    for group in params.chunks(BATCH_GROUP) {
+        let mut seqs: [Option<Seq<'_>>; BATCH_GROUP] = [None; BATCH_GROUP];
+        let mut lone = [0u8; BATCH_GROUP];
+        let mut n_lone = 0;
+        for (i, p) in group.iter().enumerate() {
+            let Some(past) = pasts.next() else {
+                return Err(ModelError::Backend(format!(
+                    "attention of {} sequences given {} caches",
+                    params.len(),
+                    done + i
+                )));
+            };
+            let s = Seq::checked(q, cur_k, cur_v, past, p, out)?;
+            if p.n_tok == 1 {
+                lone[n_lone] = i as u8;
+                n_lone += 1;
+            }
+            seqs[i] = Some(s);
+        }
+        done += group.len();
+        let run = |i: usize| {
+            if let Some(s) = &seqs[i] {
+                // SAFETY: `dst` is `out`, borrowed mutably for the call;
+                // each sequence's rows are its own (the model gives every
+                // sequence of a step distinct rows) and each runs once.
+                unsafe { s.run(par, isa, q, cur_k, cur_v, dst.get()) };
+            }
+        };
+        par.run(n_lone, |j| run(usize::from(lone[j])));
+        for (i, p) in group.iter().enumerate() {
+            if p.n_tok != 1 {
+                run(i);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// `n` consecutive key rows (row `j` at `k[j * kvd..]`) for positions

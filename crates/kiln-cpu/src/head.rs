@@ -216,6 +216,7 @@ fn screened(
     }
     let sxs = &b.sxs[..m];
     let data = w.data();
+    let screen_timer = crate::profile::op(|| "  head: screen".into(), 0);
     let chunk = rows_per_task(par, w.rows, SUB_ROWS, 4096);
     let tasks = w.rows.div_ceil(chunk);
     b.cands.resize_with(tasks.max(b.cands.len()), Vec::new);
@@ -265,9 +266,11 @@ fn screened(
             }
         });
     });
+    drop(screen_timer);
     if let Some(e) = b.errs.iter_mut().find_map(Option::take) {
         return Err(kernel_err(w, e));
     }
+    let _rescore_timer = crate::profile::op(|| "  head: exact re-scoring".into(), 0);
     // Global floors, then the exact re-scoring in ascending vocab rows.
     let mut floor = vec![f32::NEG_INFINITY; m];
     for task in b.floors.chunks_exact(m) {

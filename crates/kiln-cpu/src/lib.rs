@@ -50,6 +50,7 @@ pub struct CpuStep {
     input: StepInput,
     max_rows: usize,
     ids: Vec<u32>,
+    rope: rope::RopeCache,
 }
 
 /// Settings of a [`CpuBackend`].
@@ -145,7 +146,7 @@ fn dequant(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
     kiln_quant::dequantize(ty, src, dst).expect("validated packed row");
 }
 
-fn check(what: &str, need: usize, have: usize) -> Result<()> {
+pub(crate) fn check(what: &str, need: usize, have: usize) -> Result<()> {
     if need > have {
         return Err(ModelError::Backend(format!(
             "{what}: needs {need} elements, buffer has {have}"
@@ -238,12 +239,14 @@ impl Backend for CpuBackend {
             input: StepInput::default(),
             max_rows,
             ids: vec![0; max_rows],
+            rope: rope::RopeCache::default(),
         })
     }
 
     fn load_step(&self, input: &StepInput, step: &mut CpuStep) -> Result<()> {
         check("step rows", input.rows(), step.max_rows)?;
         step.input.clone_from(input);
+        step.rope.clear();
         Ok(())
     }
 
@@ -366,7 +369,14 @@ impl Backend for CpuBackend {
         check("rope", n_tok * row, x.len())?;
         check("rope positions", n_tok, step.input.positions.len())?;
         let pos = &step.input.positions[..n_tok];
-        rope::rope(&self.par, &mut x[..n_tok * row], head_dim, pos, rope);
+        rope::rope(
+            &self.par,
+            &mut x[..n_tok * row],
+            head_dim,
+            pos,
+            rope,
+            &step.rope,
+        );
         Ok(())
     }
 
@@ -381,47 +391,26 @@ impl Backend for CpuBackend {
         out: &mut CpuBuf,
     ) -> Result<()> {
         let _p = profile::op(|| "attention".into(), 0);
-        let hd = p.head_dim;
-        let qd = p.n_head * hd;
-        let kvd = p.n_kv_head * hd;
-        let end = p.row0 + p.n_tok;
-        check("attention q", end * qd, q.len())?;
-        check("attention k", end * kvd, cur_k.len())?;
-        check("attention v", end * kvd, cur_v.len())?;
-        check("attention out", end * qd, out.len())?;
-        if let Some(pk) = &past {
-            let held = p.p0 - pk.start.min(p.p0);
-            if held > pk.rows || pk.k.len() < pk.rows * kvd || pk.v.len() < pk.rows * kvd {
-                return Err(ModelError::Backend(format!(
-                    "attention: cache of {} rows cannot hold positions {}..{}",
-                    pk.rows, pk.start, p.p0
-                )));
-            }
-        }
-        if p.n_kv_head == 0 || !p.n_head.is_multiple_of(p.n_kv_head) {
-            return Err(ModelError::Backend(format!(
-                "attention: {} heads do not group over {} KV heads",
-                p.n_head, p.n_kv_head
-            )));
-        }
-        let past = past.map(|pk| attention::Past {
-            k: pk.k,
-            v: pk.v,
-            start: pk.start,
-            rows: pk.rows,
-        });
-        let (r0, r1) = (p.row0, end);
-        attention::attention(
-            &self.par,
-            self.isa,
-            &q[r0 * qd..r1 * qd],
-            &cur_k[r0 * kvd..r1 * kvd],
-            &cur_v[r0 * kvd..r1 * kvd],
-            past.as_ref(),
-            p,
-            &mut out[r0 * qd..r1 * qd],
-        );
+        let seq = attention::Seq::checked(q, cur_k, cur_v, past, p, out)?;
+        // SAFETY: `out` is borrowed mutably for the call and `checked`
+        // found the sequence's rows inside it.
+        unsafe { seq.run(&self.par, self.isa, q, cur_k, cur_v, out.as_mut_ptr()) };
         Ok(())
+    }
+
+    fn attention_batch<'c>(
+        &self,
+        _layer: usize,
+        q: &CpuBuf,
+        cur_k: &CpuBuf,
+        cur_v: &CpuBuf,
+        pasts: &mut dyn Iterator<Item = Option<PastKv<'c, Self>>>,
+        params: &[AttnParams],
+        _step: &CpuStep,
+        out: &mut CpuBuf,
+    ) -> Result<()> {
+        let _p = profile::op(|| "attention".into(), 0);
+        attention::batch(&self.par, self.isa, q, cur_k, cur_v, pasts, params, out)
     }
 
     fn gelu_mul(&self, gate: &mut CpuBuf, up: &CpuBuf, n: usize) -> Result<()> {

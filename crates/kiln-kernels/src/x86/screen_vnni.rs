@@ -17,7 +17,7 @@
 use core::arch::x86_64::*;
 
 use super::screen::{screen_avx2_multi, BLK};
-use crate::screen::{fold_lo, ScreenX, ABS_SLACK};
+use crate::screen::{ScreenX, ABS_SLACK};
 
 /// Fewest activation rows this form takes: below, transposing the tile
 /// costs more than it saves (Zen 4, 32,768 x 640: 2 rows 2.29 vs 2.12 ms,
@@ -54,35 +54,47 @@ pub(super) unsafe fn screen_vnni_multi(
     let nb = sxs[0].k / 32;
     let rows = hi.len() / n;
     let tiles = if nb <= MAX_BLOCKS { rows / ROWS } else { 0 };
-    let mut tile = [_mm512_setzero_si512(); MAX_BLOCKS * PER_BLOCK];
+    // Left unwritten: zeroing all of it (112 KB) on each call cost more
+    // than the transposes of a 64-row call; `transpose_tile` writes the
+    // `nb * PER_BLOCK` registers read below.
+    let mut scratch = [core::mem::MaybeUninit::<__m512i>::uninit(); MAX_BLOCKS * PER_BLOCK];
     for t in 0..tiles {
         let r0 = t * ROWS;
         // SAFETY: rows r0 .. r0 + 16 of `nb` blocks lie in `w` (the
-        // caller's contract); `tile` holds `nb * PER_BLOCK` registers.
-        unsafe { transpose_tile(&w[r0 * row_bytes..], row_bytes, nb, &mut tile) };
+        // caller's contract); `scratch` holds `nb * PER_BLOCK` registers,
+        // all written by `transpose_tile` before the slice below reads them.
+        let tile = unsafe {
+            let next = w.as_ptr().wrapping_add((r0 + ROWS) * row_bytes);
+            transpose_tile(&w[r0 * row_bytes..], row_bytes, nb, &mut scratch, next);
+            core::slice::from_raw_parts(scratch.as_ptr().cast::<__m512i>(), nb * PER_BLOCK)
+        };
         for g in (0..n).step_by(GROUP) {
             let m = GROUP.min(n - g);
             let xs = &sxs[g..g + m];
             // SAFETY: as above; each `xs` row holds `nb` blocks.
             let (a, b) = unsafe {
                 match m {
-                    1 => group_dots::<1>(&tile, nb, xs),
-                    2 => group_dots::<2>(&tile, nb, xs),
-                    3 => group_dots::<3>(&tile, nb, xs),
-                    4 => group_dots::<4>(&tile, nb, xs),
-                    5 => group_dots::<5>(&tile, nb, xs),
-                    6 => group_dots::<6>(&tile, nb, xs),
-                    7 => group_dots::<7>(&tile, nb, xs),
-                    _ => group_dots::<8>(&tile, nb, xs),
+                    1 => group_dots::<1>(tile, nb, xs),
+                    2 => group_dots::<2>(tile, nb, xs),
+                    3 => group_dots::<3>(tile, nb, xs),
+                    4 => group_dots::<4>(tile, nb, xs),
+                    5 => group_dots::<5>(tile, nb, xs),
+                    6 => group_dots::<6>(tile, nb, xs),
+                    7 => group_dots::<7>(tile, nb, xs),
+                    _ => group_dots::<8>(tile, nb, xs),
                 }
             };
-            for (j, (aj, bj)) in a.iter().zip(&b).take(m).enumerate() {
-                for i in 0..ROWS {
-                    let (av, bv) = (aj[i], bj[i] + ABS_SLACK);
-                    let h = av + bv;
-                    hi[(r0 + i) * n + g + j] = h;
-                    lo[g + j] = fold_lo(lo[g + j], av - bv, h);
+            for j in 0..m {
+                let bj = _mm512_add_ps(b[j], _mm512_set1_ps(ABS_SLACK));
+                let (h, l) = (_mm512_add_ps(a[j], bj), _mm512_sub_ps(a[j], bj));
+                let mut hs = [0.0f32; ROWS];
+                // SAFETY: `hs` holds 16 f32.
+                unsafe { _mm512_storeu_ps(hs.as_mut_ptr(), h) };
+                for (i, &v) in hs.iter().enumerate() {
+                    hi[(r0 + i) * n + g + j] = v;
                 }
+                // SAFETY: as above.
+                lo[g + j] = unsafe { fold_lo_lanes(lo[g + j], l, h) };
             }
         }
     }
@@ -112,7 +124,13 @@ pub(super) unsafe fn screen_vnni_multi(
 /// `nb * PER_BLOCK` registers.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]
-unsafe fn transpose_tile(w: &[u8], row_bytes: usize, nb: usize, tile: &mut [__m512i]) {
+unsafe fn transpose_tile(
+    w: &[u8],
+    row_bytes: usize,
+    nb: usize,
+    tile: &mut [core::mem::MaybeUninit<__m512i>],
+    next: *const u8,
+) {
     assert!(
         w.len() >= (ROWS - 1) * row_bytes + nb * BLK
             && tile.len() >= nb * PER_BLOCK
@@ -134,7 +152,16 @@ unsafe fn transpose_tile(w: &[u8], row_bytes: usize, nb: usize, tile: &mut [__m5
             bits[b][i] = u16::from_le_bytes([blk[0], blk[1]]);
         }
     }
+    // The next tile's lines, a share per block: the hardware prefetcher
+    // alone leaves the tile's first reads (the scales above) waiting on
+    // DRAM.
+    let lines = (ROWS * row_bytes).div_ceil(64);
+    let per_block = lines.div_ceil(nb);
     for b in 0..nb {
+        for l in b * per_block..((b + 1) * per_block).min(lines) {
+            // A prefetch never faults, wherever it points.
+            _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(64 * l).cast());
+        }
         // SAFETY: every row's block `b` lies in `w` (asserted above).
         unsafe {
             let at = |i: usize| base.add(i * row_bytes + b * BLK);
@@ -167,12 +194,18 @@ unsafe fn transpose_tile(w: &[u8], row_bytes: usize, nb: usize, tile: &mut [__m5
             let out = &mut tile[b * PER_BLOCK..][..PER_BLOCK];
             for c in 0..4 {
                 let (p, q) = (u[c], u[4 + c]);
-                out[c] = _mm512_xor_si512(_mm512_permutex2var_epi64(p, lo_idx, q), shift);
-                out[c + 4] = _mm512_xor_si512(_mm512_permutex2var_epi64(p, hi_idx, q), shift);
+                out[c].write(_mm512_xor_si512(
+                    _mm512_permutex2var_epi64(p, lo_idx, q),
+                    shift,
+                ));
+                out[c + 4].write(_mm512_xor_si512(
+                    _mm512_permutex2var_epi64(p, hi_idx, q),
+                    shift,
+                ));
             }
             let dw = _mm512_cvtph_ps(_mm256_loadu_si256(bits[b].as_ptr().cast()));
-            out[8] = _mm512_castps_si512(dw);
-            out[9] = _mm512_castps_si512(_mm512_abs_ps(dw));
+            out[8].write(_mm512_castps_si512(dw));
+            out[9].write(_mm512_castps_si512(_mm512_abs_ps(dw)));
         }
     }
 }
@@ -189,7 +222,7 @@ unsafe fn group_dots<const M: usize>(
     tile: &[__m512i],
     nb: usize,
     xs: &[ScreenX],
-) -> ([[f32; ROWS]; GROUP], [[f32; ROWS]; GROUP]) {
+) -> ([__m512; GROUP], [__m512; GROUP]) {
     assert!(
         xs.len() == M
             && tile.len() >= nb * PER_BLOCK
@@ -224,14 +257,25 @@ unsafe fn group_dots<const M: usize>(
             }
         }
     }
-    let mut a = [[0.0f32; ROWS]; GROUP];
-    let mut bo = [[0.0f32; ROWS]; GROUP];
-    for t in 0..M {
-        // SAFETY: each array holds 16 f32.
-        unsafe {
-            _mm512_storeu_ps(a[t].as_mut_ptr(), acc[t]);
-            _mm512_storeu_ps(bo[t].as_mut_ptr(), bnd[t]);
-        }
-    }
+    let mut a = [_mm512_setzero_ps(); GROUP];
+    let mut bo = [_mm512_setzero_ps(); GROUP];
+    a[..M].copy_from_slice(&acc);
+    bo[..M].copy_from_slice(&bnd);
     (a, bo)
+}
+
+/// [`crate::screen::fold_lo`] over the 16 lanes of `lo` and `hi` at once:
+/// the running max of `lo`, NaN once any bound is not finite.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn fold_lo_lanes(max_lo: f32, lo: __m512, hi: __m512) -> f32 {
+    // x − x is 0 exactly when x is finite.
+    let zero = _mm512_setzero_ps();
+    let finite = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(_mm512_sub_ps(lo, lo), zero)
+        & _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(_mm512_sub_ps(hi, hi), zero);
+    if finite != 0xFFFF || max_lo.is_nan() {
+        f32::NAN
+    } else {
+        max_lo.max(_mm512_reduce_max_ps(lo))
+    }
 }
