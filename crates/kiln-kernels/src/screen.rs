@@ -31,9 +31,22 @@ pub struct ScreenX {
     /// Per lane (`k / 4`): `d_b` and `c_b / 8`.
     pub(crate) lane_d: Vec<f32>,
     pub(crate) lane_c: Vec<f32>,
-    /// Per block: `−128 · Σ q` (the VNNI screen sums `(w + 128) · q`
-    /// from there, which leaves `Σ w · q`).
-    pub(crate) qsum: Vec<i32>,
+    /// Per block, what the VNNI screen's inner loop reads, behind one
+    /// pointer per activation row.
+    pub(crate) vnni: Vec<VnniBlock>,
+}
+
+/// One block of [`ScreenX`] for the VNNI screen.
+#[derive(Clone, Copy, Debug)]
+#[repr(C)]
+pub(crate) struct VnniBlock {
+    /// The block's `q`.
+    pub(crate) q: [i8; 32],
+    /// `−128 · Σ q` (the VNNI screen sums `(w + 128) · q` from there,
+    /// which leaves `Σ w · q`).
+    pub(crate) qsum: i32,
+    /// `d_b`.
+    pub(crate) d: f32,
 }
 
 impl ScreenX {
@@ -53,7 +66,7 @@ impl ScreenX {
         self.c.clear();
         self.lane_d.clear();
         self.lane_c.clear();
-        self.qsum.clear();
+        self.vnni.clear();
         if !x.len().is_multiple_of(32) || x.iter().any(|v| !v.is_finite()) {
             return false;
         }
@@ -82,10 +95,12 @@ impl ScreenX {
             sx.lane_d.extend([d; 8]);
             sx.lane_c.extend([c / 8.0; 8]);
         }
-        let sums =
-            sx.q.chunks_exact(32)
-                .map(|b| -128 * b.iter().map(|&q| i32::from(q)).sum::<i32>());
-        sx.qsum.extend(sums);
+        let blocks = sx.q.chunks_exact(32).zip(&sx.d).map(|(b, &d)| VnniBlock {
+            q: b.try_into().expect("blocks of 32"),
+            qsum: -128 * b.iter().map(|&q| i32::from(q)).sum::<i32>(),
+            d,
+        });
+        sx.vnni.extend(blocks);
         sx.k = x.len();
         true
     }

@@ -17,13 +17,12 @@
 use core::arch::x86_64::*;
 
 use super::screen::{screen_avx2_multi, BLK};
-use crate::screen::{ScreenX, ABS_SLACK};
+use crate::screen::{ScreenX, VnniBlock, ABS_SLACK};
 
-/// Fewest activation rows this form takes: below, transposing the tile
-/// costs more than it saves (Zen 4, 32,768 x 640: 2 rows 2.29 vs 2.12 ms,
-/// 4 rows 2.95 vs 3.31, 8 rows 3.76 vs 5.83, 16 rows 5.58 vs 11.57 for
-/// the `maddubs` form).
-pub(super) const MIN_ACTIVATIONS: usize = 4;
+/// Fewest activation rows this form takes (Zen 4, 32,768 x 640 in L3, one
+/// thread: 2 rows 1.18 vs 2.17 ms for the `maddubs` form, 4 rows 1.42 vs
+/// 3.31, 8 rows 2.01 vs 5.91, 16 rows 3.25 vs 11.47).
+pub(super) const MIN_ACTIVATIONS: usize = 2;
 /// Vocab rows of a tile: one per 32-bit lane.
 const ROWS: usize = 16;
 /// Activation rows per pass over a tile (their integer sums, products and
@@ -34,6 +33,12 @@ const GROUP: usize = 8;
 const MAX_BLOCKS: usize = 176;
 /// Per block of a tile: the eight code registers, `dw` and `|dw|`.
 const PER_BLOCK: usize = 10;
+/// How far ahead of the tile being transposed its rows are prefetched
+/// into L2, in tiles. On Zen 4 (real 270M head, 262,144 x 640, 2 threads)
+/// the 8-row screen took 16.4 ms without prefetching, 19.0 one tile ahead
+/// into L1, 14.4 two tiles ahead into L2, 13.2 four (16 rows: 22.6, 27.0,
+/// 21.0, 19.7); six to twelve tiles measured no better than four.
+const PREFETCH_TILES: usize = 4;
 
 /// As [`screen_avx2_multi`] (same contract), vocab rows in tiles of 16;
 /// a remainder of rows, or rows over [`MAX_BLOCKS`] blocks, take that form.
@@ -64,7 +69,7 @@ pub(super) unsafe fn screen_vnni_multi(
         // caller's contract); `scratch` holds `nb * PER_BLOCK` registers,
         // all written by `transpose_tile` before the slice below reads them.
         let tile = unsafe {
-            let next = w.as_ptr().wrapping_add((r0 + ROWS) * row_bytes);
+            let next = w.as_ptr().wrapping_add((r0 + PREFETCH_TILES * ROWS) * row_bytes);
             transpose_tile(&w[r0 * row_bytes..], row_bytes, nb, &mut scratch, next);
             core::slice::from_raw_parts(scratch.as_ptr().cast::<__m512i>(), nb * PER_BLOCK)
         };
@@ -116,8 +121,9 @@ pub(super) unsafe fn screen_vnni_multi(
 
 /// Writes, per block `b` of the 16 rows at `w` (stride `row_bytes`),
 /// `tile[b * PER_BLOCK + j]` (lane `i`: bytes `4j .. 4j + 4` of row `i`'s
-/// codes, each `+ 128`), then the rows' scales and their absolute values.
-/// (Sixteen gathers instead measured 2x slower on Zen 4.)
+/// codes, each `+ 128`), then the rows' scales and their absolute values;
+/// prefetches the tile at `next` (any address) on the way. (Sixteen
+/// gathers instead measured 2x slower on Zen 4.)
 ///
 /// # Safety
 /// As [`screen_vnni_multi`]; `w` holds 16 rows of `nb` blocks and `tile`
@@ -152,15 +158,15 @@ unsafe fn transpose_tile(
             bits[b][i] = u16::from_le_bytes([blk[0], blk[1]]);
         }
     }
-    // The next tile's lines, a share per block: the hardware prefetcher
-    // alone leaves the tile's first reads (the scales above) waiting on
-    // DRAM.
+    // A later tile's lines (see `PREFETCH_TILES`), a share per block:
+    // the hardware prefetcher alone leaves the tile's first reads (the
+    // scales above) waiting on DRAM.
     let lines = (ROWS * row_bytes).div_ceil(64);
     let per_block = lines.div_ceil(nb);
     for b in 0..nb {
         for l in b * per_block..((b + 1) * per_block).min(lines) {
             // A prefetch never faults, wherever it points.
-            _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(64 * l).cast());
+            _mm_prefetch::<_MM_HINT_T1>(next.wrapping_add(64 * l).cast());
         }
         // SAFETY: every row's block `b` lies in `w` (asserted above).
         unsafe {
@@ -213,6 +219,11 @@ unsafe fn transpose_tile(
 /// For the `M` activation rows `xs`: per vocab row of the tile (lanes),
 /// `a = Σ_b dw_b · d_b · Σ w · q` and `β` without its slack.
 ///
+/// Each activation row's block data sits behind one pointer (its
+/// `vnni` blocks) and `β` takes a loop of its own: the block loop then
+/// keeps its sums, products and pointers in registers (with `β` and a
+/// pointer per field it spilled on every block).
+///
 /// # Safety
 /// As [`screen_vnni_multi`]; `tile` holds `nb` transposed blocks and each
 /// `xs[t]` `nb` blocks.
@@ -226,35 +237,34 @@ unsafe fn group_dots<const M: usize>(
     assert!(
         xs.len() == M
             && tile.len() >= nb * PER_BLOCK
-            && xs.iter().all(|x| x.q.len() >= nb * 32
-                && x.qsum.len() >= nb
-                && x.d.len() >= nb
-                && x.c.len() >= nb)
+            && xs.iter().all(|x| x.vnni.len() >= nb && x.c.len() >= nb)
     );
+    let blocks: [*const VnniBlock; M] = core::array::from_fn(|t| xs[t].vnni.as_ptr());
     let mut acc = [_mm512_setzero_ps(); M];
-    let mut bnd = [_mm512_setzero_ps(); M];
     for b in 0..nb {
         let blk = &tile[b * PER_BLOCK..][..PER_BLOCK];
         // SAFETY: block `b` of every activation row exists (asserted).
         unsafe {
-            let mut dot: [__m512i; M] = core::array::from_fn(|t| _mm512_set1_epi32(xs[t].qsum[b]));
-            for (j, wj) in blk[..8].iter().enumerate() {
-                for (t, d) in dot.iter_mut().enumerate() {
-                    let q4 = xs[t]
-                        .q
-                        .as_ptr()
-                        .add(b * 32 + 4 * j)
-                        .cast::<i32>()
-                        .read_unaligned();
-                    *d = _mm512_dpbusd_epi32(*d, *wj, _mm512_set1_epi32(q4));
+            let xb: [&VnniBlock; M] = core::array::from_fn(|t| &*blocks[t].add(b));
+            let mut dot: [__m512i; M] = core::array::from_fn(|t| _mm512_set1_epi32(xb[t].qsum));
+            for (j, &wj) in blk[..8].iter().enumerate() {
+                for (d, x) in dot.iter_mut().zip(&xb) {
+                    let q4 = x.q.as_ptr().add(4 * j).cast::<i32>().read_unaligned();
+                    *d = _mm512_dpbusd_epi32(*d, wj, _mm512_set1_epi32(q4));
                 }
             }
-            let (dw, adw) = (_mm512_castsi512_ps(blk[8]), _mm512_castsi512_ps(blk[9]));
+            let dw = _mm512_castsi512_ps(blk[8]);
             for t in 0..M {
-                let scale = _mm512_mul_ps(dw, _mm512_set1_ps(xs[t].d[b]));
+                let scale = _mm512_mul_ps(dw, _mm512_set1_ps(xb[t].d));
                 acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[t]), scale, acc[t]);
-                bnd[t] = _mm512_fmadd_ps(adw, _mm512_set1_ps(xs[t].c[b]), bnd[t]);
             }
+        }
+    }
+    let mut bnd = [_mm512_setzero_ps(); M];
+    for b in 0..nb {
+        let adw = _mm512_castsi512_ps(tile[b * PER_BLOCK + 9]);
+        for (bt, x) in bnd.iter_mut().zip(xs) {
+            *bt = _mm512_fmadd_ps(adw, _mm512_set1_ps(x.c[b]), *bt);
         }
     }
     let mut a = [_mm512_setzero_ps(); GROUP];
