@@ -13,12 +13,17 @@
 //! products either way; measured on a 2-core AVX2 AMD EPYC, real 270M: 16
 //! rows 135 ms per step screened vs 124.5 ms through the logits), so there
 //! a batch's logits are computed whole and scanned, which picks the same
-//! ids. With VNNI, four or more rows take the kernels' transposed form
-//! (vocab rows in lanes, a whole block summed in integers): on Zen 4 the
-//! real 270M's 8-row step went from 49.1 to 42.2 ms, 16 rows from 87.1 to
-//! 66.6 ms (full logits: 76.6). A lone row is screened on every level: one int8 plane per block
-//! against the integer GEMV's three (AVX2, one thread, 262,144 Q8_0 rows
-//! in cache: 20 vs 13 GB/s).
+//! ids. With VNNI, the batch takes the kernels' transposed form (vocab
+//! rows in lanes, a whole block summed in integers), from tiles of the
+//! head packed once, on the first batched head (`ScreenTiles`: 6% more
+//! bytes than the Q8_0 head, 189 MB for Gemma 3's 262,144 x 640; 6 ms on
+//! Zen 4; `KILN_BATCH_HEAD=unpacked` transposes per call instead and keeps
+//! no copy). On Zen 4 the real 270M's screen of 8 rows went from 29-44 ms
+//! (the `maddubs` form) to 8-10 ms, 16 rows from 57-76 to ~17 (VNNI-bound
+//! there: 64 products per `vpdpbusd`); once the tiles exist a lone row is
+//! screened from them too. Before that, a lone row is screened on every
+//! level: one int8 plane per block against the integer GEMV's three (AVX2,
+//! one thread, 262,144 Q8_0 rows in cache: 20 vs 13 GB/s).
 
 use std::cell::RefCell;
 
@@ -75,7 +80,11 @@ pub(crate) fn argmax_ids(
 ) -> Result<()> {
     PICKS.with(|p| {
         let mut picks = p.borrow_mut();
-        if ids.len() == 1 {
+        // Once packed tiles exist (a server that has batched), a lone row
+        // is screened from them too: the rows they came from are then
+        // not read again.
+        let packed = !exact && matches!(w.screen_tiles.get(), Some(Some(_)));
+        if ids.len() == 1 && !packed {
             let screened = if exact {
                 None
             } else {
@@ -146,16 +155,48 @@ fn argmax_batch(
     Ok(())
 }
 
-/// Whether the batch screen beats the GEMM on `isa` (see the module
-/// doc); `KILN_BATCH_HEAD=screen|logits` overrides it (read once).
-fn screen_pays(isa: Isa) -> bool {
-    static FORCED: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
-    let forced = FORCED.get_or_init(|| match std::env::var("KILN_BATCH_HEAD").as_deref() {
-        Ok("screen") => Some(true),
-        Ok("logits") => Some(false),
+/// `KILN_BATCH_HEAD` (read once): `screen`, `unpacked` (screen, no packed
+/// tiles) or `logits`; None when unset or unknown.
+fn batch_head_setting() -> Option<&'static str> {
+    static SETTING: std::sync::OnceLock<Option<&'static str>> = std::sync::OnceLock::new();
+    *SETTING.get_or_init(|| match std::env::var("KILN_BATCH_HEAD").as_deref() {
+        Ok("screen") => Some("screen"),
+        Ok("unpacked") => Some("unpacked"),
+        Ok("logits") => Some("logits"),
         _ => None,
-    });
-    forced.unwrap_or(isa >= Isa::Avx512Vnni)
+    })
+}
+
+/// Whether the batch screen beats the GEMM on `isa` (see the module
+/// doc); `KILN_BATCH_HEAD` overrides it.
+fn screen_pays(isa: Isa) -> bool {
+    match batch_head_setting() {
+        Some("logits") => false,
+        Some(_) => true,
+        None => isa >= Isa::Avx512Vnni,
+    }
+}
+
+/// The head's packed screen tiles, made on first use where `isa` runs
+/// them (AVX-512 VNNI) unless `KILN_BATCH_HEAD=unpacked`.
+fn screen_tiles(isa: Isa, w: &CpuWeight) -> Option<&kiln_kernels::ScreenTiles> {
+    w.screen_tiles
+        .get_or_init(|| {
+            if batch_head_setting() == Some("unpacked") {
+                return None;
+            }
+            let _p = crate::profile::op(|| "  head: packing its tiles".into(), 0);
+            kiln_kernels::ScreenTiles::pack(
+                isa,
+                w.ty,
+                w.data(),
+                w.row_bytes,
+                w.rows,
+                w.cols,
+                &mut |_| {},
+            )
+        })
+        .as_ref()
 }
 
 /// Every row's logits through the GEMM (one read of the head for all
@@ -216,6 +257,7 @@ fn screened(
     }
     let sxs = &b.sxs[..m];
     let data = w.data();
+    let tiles = screen_tiles(isa, w);
     let screen_timer = crate::profile::op(|| "  head: screen".into(), 0);
     let chunk = rows_per_task(par, w.rows, SUB_ROWS, 4096);
     let tasks = w.rows.div_ceil(chunk);
@@ -247,9 +289,18 @@ fn screened(
             hi.resize(SUB_ROWS * m, 0.0);
             for r0 in (i * chunk..r_end).step_by(SUB_ROWS) {
                 let nr = SUB_ROWS.min(r_end - r0);
-                let ws = rows_bytes(w, data, r0, nr);
                 let hs = &mut hi[..nr * m];
-                let r = kiln_kernels::screen_rows_multi(isa, w.ty, ws, w.row_bytes, sxs, hs, lo);
+                let r = match tiles {
+                    // Chunks are whole tiles (multiples of 16 from a tile
+                    // start) but for the matrix's last `rows % 16`.
+                    Some(t) if r0 + nr <= t.rows() && nr % 16 == 0 => {
+                        kiln_kernels::screen_tiles_multi(isa, t, r0, sxs, hs, lo)
+                    }
+                    _ => {
+                        let ws = rows_bytes(w, data, r0, nr);
+                        kiln_kernels::screen_rows_multi(isa, w.ty, ws, w.row_bytes, sxs, hs, lo)
+                    }
+                };
                 if let Err(e) = r {
                     *err = Some(e);
                     return;

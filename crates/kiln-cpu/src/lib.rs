@@ -32,6 +32,9 @@ pub struct CpuWeight {
     cols: usize,
     rows: usize,
     row_bytes: usize,
+    /// The batch head's packed screen tiles, made on the first batched
+    /// greedy head (see `head`).
+    screen_tiles: std::sync::OnceLock<Option<kiln_kernels::ScreenTiles>>,
 }
 
 impl CpuWeight {
@@ -209,6 +212,7 @@ impl Backend for CpuBackend {
             cols,
             rows: info.n_rows(),
             row_bytes: info.row_bytes(),
+            screen_tiles: std::sync::OnceLock::new(),
         })
     }
 

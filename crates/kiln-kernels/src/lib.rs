@@ -625,6 +625,107 @@ pub fn screen_rows_multi(
     Ok(())
 }
 
+/// A Q8_0 matrix's rows in tiles of 16, transposed once for the multi-row
+/// screen (vocab rows in the lanes of `vpdpbusd`, see
+/// [`screen_rows_multi`]), so that screening them skips the per-call
+/// transposes. 576 bytes per 16 rows and block of 32 (the rows take 544);
+/// the last `rows % 16` rows are not held (screen them from the matrix).
+pub struct ScreenTiles {
+    #[cfg(target_arch = "x86_64")]
+    packed: x86::Packed,
+    k: usize,
+}
+
+impl ScreenTiles {
+    /// `rows` rows of `k` Q8_0 values at `w` (stride `row_bytes`), packed;
+    /// `progress(rows done)` now and then. `None` where the form does not
+    /// run: `isa` below [`Isa::Avx512Vnni`], other types, rows of more
+    /// than 5,632 values, or the memory not available.
+    pub fn pack(
+        isa: Isa,
+        ty: GgmlType,
+        w: &[u8],
+        row_bytes: usize,
+        rows: usize,
+        k: usize,
+        progress: &mut dyn FnMut(usize),
+    ) -> Option<ScreenTiles> {
+        if !can_screen(ty) || k == 0 || check_rows(ty, w, row_bytes, k, rows).is_err() {
+            return None;
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            let mut tiles_done = |t: usize| progress(16 * t);
+            let packed = x86::pack_screen(
+                isa.min(Isa::cpu_max()),
+                w,
+                row_bytes,
+                rows,
+                k / 32,
+                &mut tiles_done,
+            )?;
+            Some(ScreenTiles { packed, k })
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = (isa, progress);
+            None
+        }
+    }
+
+    /// Rows held: the matrix's whole tiles of 16.
+    pub fn rows(&self) -> usize {
+        #[cfg(target_arch = "x86_64")]
+        return 16 * self.packed.tiles;
+        #[cfg(not(target_arch = "x86_64"))]
+        0
+    }
+
+    /// Row length.
+    pub fn cols(&self) -> usize {
+        self.k
+    }
+}
+
+/// [`screen_rows_multi`] of rows `r0 .. r0 + hi.len() / sxs.len()` of
+/// packed tiles (`r0` and the row count multiples of 16, inside
+/// [`ScreenTiles::rows`]): the same bounds and floors.
+pub fn screen_tiles_multi(
+    isa: Isa,
+    tiles: &ScreenTiles,
+    r0: usize,
+    sxs: &[ScreenX],
+    hi: &mut [f32],
+    lo: &mut [f32],
+) -> Result<(), KernelError> {
+    let n = sxs.len();
+    let rows = if n == 0 { 0 } else { hi.len() / n };
+    if n == 0
+        || lo.len() != n
+        || !hi.len().is_multiple_of(n)
+        || sxs.iter().any(|s| s.len() != tiles.k)
+        || !r0.is_multiple_of(16)
+        || !rows.is_multiple_of(16)
+        || r0 + rows > tiles.rows()
+    {
+        return Err(KernelError::Shape(format!(
+            "{n} screened rows of {} (tiles of {}), rows {r0}..+{rows} of {} packed, {} floors",
+            sxs.first().map_or(0, ScreenX::len),
+            tiles.k,
+            tiles.rows(),
+            lo.len()
+        )));
+    }
+    #[cfg(target_arch = "x86_64")]
+    if x86::screen_packed_multi(isa.min(Isa::cpu_max()), sxs, &tiles.packed, r0 / 16, hi, lo) {
+        return Ok(());
+    }
+    let _ = isa;
+    Err(KernelError::Shape(format!(
+        "packed screen tiles need AVX-512 VNNI, not {isa}"
+    )))
+}
+
 /// Checks the shapes of [`dot_rows`] / [`axpy_rows`]; returns `d`.
 fn check_row_op(
     q_len: usize,

@@ -267,6 +267,88 @@ mod tests {
         }
     }
 
+    /// Packed tiles screen to the same bits as the rows they came from
+    /// (the same transposed registers, the same summation), on every
+    /// level that packs; the others refuse to pack.
+    #[test]
+    fn packed_tiles_match_the_rows_they_hold() {
+        let mut s = 0x1234_5678_9abc_def1u64;
+        let mut rnd = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        let (k, rows) = (96, 37);
+        let rb = k / 32 * 34;
+        let mut w = vec![0u8; rows * rb];
+        for blk in w.chunks_exact_mut(34) {
+            let d = half::f16::from_f32((rnd() % 1001) as f32 * 1e-4 - 0.05);
+            blk[..2].copy_from_slice(&d.to_le_bytes());
+            for b in &mut blk[2..] {
+                *b = rnd() as u8;
+            }
+        }
+        for isa in Isa::available() {
+            let mut seen = Vec::new();
+            let packed = crate::ScreenTiles::pack(isa, GgmlType::Q8_0, &w, rb, rows, k, &mut |r| {
+                seen.push(r)
+            });
+            let Some(tiles) = packed else {
+                assert!(isa < Isa::Avx512Vnni, "{isa} packs");
+                continue;
+            };
+            assert_eq!((tiles.rows(), tiles.cols()), (32, k));
+            for n in [1, 2, 8, 9, 17] {
+                let sxs: Vec<ScreenX> = (0..n)
+                    .map(|_| {
+                        let x: Vec<f32> =
+                            (0..k).map(|_| (rnd() % 2001) as f32 * 1e-3 - 1.0).collect();
+                        ScreenX::new(&x).unwrap()
+                    })
+                    .collect();
+                let mut want = vec![0.0f32; 32 * n];
+                let mut want_lo = vec![f32::NEG_INFINITY; n];
+                crate::screen_rows_multi(
+                    isa,
+                    GgmlType::Q8_0,
+                    &w,
+                    rb,
+                    &sxs,
+                    &mut want,
+                    &mut want_lo,
+                )
+                .unwrap();
+                // The second tile alone, then both.
+                let mut got = vec![0.0f32; 16 * n];
+                let mut got_lo = vec![f32::NEG_INFINITY; n];
+                crate::screen_tiles_multi(isa, &tiles, 16, &sxs, &mut got, &mut got_lo).unwrap();
+                // One activation row takes the `maddubs` form from the
+                // rows: equal up to summation order.
+                let same = |a: &[f32], b: &[f32]| {
+                    a.iter().zip(b).all(|(x, y)| {
+                        if n > 1 {
+                            x == y
+                        } else {
+                            (x - y).abs() <= 1e-5 * (1.0 + y.abs())
+                        }
+                    })
+                };
+                assert!(same(&got, &want[16 * n..]), "{isa} n {n}");
+                let mut got = vec![0.0f32; 32 * n];
+                got_lo.fill(f32::NEG_INFINITY);
+                crate::screen_tiles_multi(isa, &tiles, 0, &sxs, &mut got, &mut got_lo).unwrap();
+                assert!(same(&got, &want) && same(&got_lo, &want_lo), "{isa} n {n}");
+                // Rows past the tiles, or not on a tile, are refused.
+                let mut hi = vec![0.0f32; 16 * n];
+                for r0 in [8, 32] {
+                    let r = crate::screen_tiles_multi(isa, &tiles, r0, &sxs, &mut hi, &mut got_lo);
+                    assert!(r.is_err(), "{isa} rows {r0}..");
+                }
+            }
+        }
+    }
+
     /// The SIMD screens take rows in groups: any row count (full groups
     /// plus a remainder) gives each row the same bits as screening it
     /// alone, and the same floor as the fold over those rows.

@@ -125,6 +125,14 @@ pub fn check_batched_greedy_heads() {
             let got = m.forward_batch(&mut seqs, &mut s).unwrap();
             let got: Vec<u32> = got.into_iter().map(|r| r.unwrap().unwrap()).collect();
             assert_eq!(got, want, "{model} {isa}");
+            // After a batch (where VNNI packs the head's screen tiles), a
+            // lone sequence's head takes them too.
+            for (p, &w) in prompts.iter().zip(&want) {
+                let mut c = m.new_cache().unwrap();
+                let mut out = Vec::new();
+                let id = m.forward(p, &mut c, &mut s, Output::Argmax, &mut out);
+                assert_eq!(id.unwrap(), Some(w), "{model} {isa} alone after a batch");
+            }
         }
     }
 }

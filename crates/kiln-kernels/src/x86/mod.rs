@@ -337,6 +337,47 @@ pub(crate) fn screen_q8_0_multi(
     }
 }
 
+pub(crate) use screen_vnni::Packed;
+
+/// [`Packed`] tiles of a Q8_0 matrix; `None` below AVX-512 VNNI or for
+/// rows the form does not take.
+pub(crate) fn pack_screen(
+    isa: Isa,
+    w: &[u8],
+    row_bytes: usize,
+    rows: usize,
+    nb: usize,
+    progress: &mut dyn FnMut(usize),
+) -> Option<Packed> {
+    match isa {
+        // SAFETY: `isa` is at most `Isa::cpu_max()`, so AVX-512 VNNI and
+        // AVX2/FMA/F16C are present; the caller checked the shapes.
+        Isa::Avx512Vnni | Isa::Amx => unsafe { Packed::new(w, row_bytes, rows, nb, progress) },
+        _ => None,
+    }
+}
+
+/// The multi-row screen of packed tiles from `t0`; `false` below AVX-512
+/// VNNI.
+pub(crate) fn screen_packed_multi(
+    isa: Isa,
+    sxs: &[crate::screen::ScreenX],
+    p: &Packed,
+    t0: usize,
+    hi: &mut [f32],
+    lo: &mut [f32],
+) -> bool {
+    match isa {
+        // SAFETY: as in `pack_screen`; the caller checked the tiles and
+        // row lengths.
+        Isa::Avx512Vnni | Isa::Amx => {
+            unsafe { screen_vnni::screen_packed_multi(sxs, p, t0, hi, lo) };
+            true
+        }
+        _ => false,
+    }
+}
+
 /// Integer GEMV on [`crate::QuantX`] planes; `false` when `isa` or `ty`
 /// has no integer kernel (the caller runs the f32 [`gemv`]).
 pub(crate) fn gemv_q(

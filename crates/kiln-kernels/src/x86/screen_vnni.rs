@@ -31,8 +31,8 @@ const GROUP: usize = 8;
 /// Most blocks per row (heads up to 5,632 columns); longer rows take the
 /// `maddubs` form. The transposed tile takes 640 bytes per block.
 const MAX_BLOCKS: usize = 176;
-/// Per block of a tile: the eight code registers, `dw` and `|dw|`.
-const PER_BLOCK: usize = 10;
+/// Per block of a tile: the eight code registers and `dw`.
+const PER_BLOCK: usize = 9;
 /// How far ahead of the tile being transposed its rows are prefetched
 /// into L2, in tiles. On Zen 4 (real 270M head, 262,144 x 640, 2 threads)
 /// the 8-row screen took 16.4 ms without prefetching, 19.0 one tile ahead
@@ -69,39 +69,14 @@ pub(super) unsafe fn screen_vnni_multi(
         // caller's contract); `scratch` holds `nb * PER_BLOCK` registers,
         // all written by `transpose_tile` before the slice below reads them.
         let tile = unsafe {
-            let next = w.as_ptr().wrapping_add((r0 + PREFETCH_TILES * ROWS) * row_bytes);
+            let next = w
+                .as_ptr()
+                .wrapping_add((r0 + PREFETCH_TILES * ROWS) * row_bytes);
             transpose_tile(&w[r0 * row_bytes..], row_bytes, nb, &mut scratch, next);
             core::slice::from_raw_parts(scratch.as_ptr().cast::<__m512i>(), nb * PER_BLOCK)
         };
-        for g in (0..n).step_by(GROUP) {
-            let m = GROUP.min(n - g);
-            let xs = &sxs[g..g + m];
-            // SAFETY: as above; each `xs` row holds `nb` blocks.
-            let (a, b) = unsafe {
-                match m {
-                    1 => group_dots::<1>(tile, nb, xs),
-                    2 => group_dots::<2>(tile, nb, xs),
-                    3 => group_dots::<3>(tile, nb, xs),
-                    4 => group_dots::<4>(tile, nb, xs),
-                    5 => group_dots::<5>(tile, nb, xs),
-                    6 => group_dots::<6>(tile, nb, xs),
-                    7 => group_dots::<7>(tile, nb, xs),
-                    _ => group_dots::<8>(tile, nb, xs),
-                }
-            };
-            for j in 0..m {
-                let bj = _mm512_add_ps(b[j], _mm512_set1_ps(ABS_SLACK));
-                let (h, l) = (_mm512_add_ps(a[j], bj), _mm512_sub_ps(a[j], bj));
-                let mut hs = [0.0f32; ROWS];
-                // SAFETY: `hs` holds 16 f32.
-                unsafe { _mm512_storeu_ps(hs.as_mut_ptr(), h) };
-                for (i, &v) in hs.iter().enumerate() {
-                    hi[(r0 + i) * n + g + j] = v;
-                }
-                // SAFETY: as above.
-                lo[g + j] = unsafe { fold_lo_lanes(lo[g + j], l, h) };
-            }
-        }
+        // SAFETY: as above.
+        unsafe { tile_bounds(tile, nb, sxs, &mut hi[r0 * n..(r0 + ROWS) * n], lo) };
     }
     let done = tiles * ROWS;
     if done < rows {
@@ -119,10 +94,130 @@ pub(super) unsafe fn screen_vnni_multi(
     true
 }
 
+/// The bounds of one transposed tile's 16 vocab rows against every
+/// activation row: `hi[i * n + t]`, and `lo[t]` folded.
+///
+/// # Safety
+/// As [`screen_vnni_multi`]; `tile` holds `nb` transposed blocks, each
+/// `sxs[t]` `nb` blocks, `hi` `16 * sxs.len()` values.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+#[inline]
+unsafe fn tile_bounds(
+    tile: &[__m512i],
+    nb: usize,
+    sxs: &[ScreenX],
+    hi: &mut [f32],
+    lo: &mut [f32],
+) {
+    let n = sxs.len();
+    for g in (0..n).step_by(GROUP) {
+        let m = GROUP.min(n - g);
+        let xs = &sxs[g..g + m];
+        // SAFETY: the caller's contract.
+        let (a, b) = unsafe {
+            match m {
+                1 => group_dots::<1>(tile, nb, xs),
+                2 => group_dots::<2>(tile, nb, xs),
+                3 => group_dots::<3>(tile, nb, xs),
+                4 => group_dots::<4>(tile, nb, xs),
+                5 => group_dots::<5>(tile, nb, xs),
+                6 => group_dots::<6>(tile, nb, xs),
+                7 => group_dots::<7>(tile, nb, xs),
+                _ => group_dots::<8>(tile, nb, xs),
+            }
+        };
+        for j in 0..m {
+            let bj = _mm512_add_ps(b[j], _mm512_set1_ps(ABS_SLACK));
+            let (h, l) = (_mm512_add_ps(a[j], bj), _mm512_sub_ps(a[j], bj));
+            let mut hs = [0.0f32; ROWS];
+            // SAFETY: `hs` holds 16 f32.
+            unsafe { _mm512_storeu_ps(hs.as_mut_ptr(), h) };
+            for (i, &v) in hs.iter().enumerate() {
+                hi[i * n + g + j] = v;
+            }
+            // SAFETY: plain AVX-512 arithmetic.
+            lo[g + j] = unsafe { fold_lo_lanes(lo[g + j], l, h) };
+        }
+    }
+}
+
+/// A Q8_0 matrix's whole 16-row tiles, transposed once as
+/// [`transpose_tile`] writes them (9 registers per tile and block: 576
+/// bytes where the rows take 544), so that every later screen of it skips
+/// the transposes.
+pub(crate) struct Packed {
+    pub(crate) nb: usize,
+    pub(crate) tiles: usize,
+    regs: Vec<__m512i>,
+}
+
+impl Packed {
+    /// The whole tiles of `rows` rows of `nb` blocks at `w` (stride
+    /// `row_bytes`), `progress(tiles done)` after every 1,024 tiles;
+    /// `None` for rows over [`MAX_BLOCKS`] blocks.
+    ///
+    /// # Safety
+    /// AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C present; `w` holds `rows`
+    /// rows of `nb` Q8_0 blocks at stride `row_bytes`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub(crate) unsafe fn new(
+        w: &[u8],
+        row_bytes: usize,
+        rows: usize,
+        nb: usize,
+        progress: &mut dyn FnMut(usize),
+    ) -> Option<Packed> {
+        if nb == 0 || nb > MAX_BLOCKS {
+            return None;
+        }
+        let tiles = rows / ROWS;
+        let per = nb * PER_BLOCK;
+        let mut regs: Vec<__m512i> = Vec::new();
+        regs.try_reserve_exact(tiles * per).ok()?;
+        let spare = &mut regs.spare_capacity_mut()[..tiles * per];
+        for (t, tile) in spare.chunks_exact_mut(per).enumerate() {
+            let r0 = t * ROWS;
+            let next = w
+                .as_ptr()
+                .wrapping_add((r0 + PREFETCH_TILES * ROWS) * row_bytes);
+            // SAFETY: rows r0 .. r0 + 16 lie in `w` (the caller's contract).
+            unsafe { transpose_tile(&w[r0 * row_bytes..], row_bytes, nb, tile, next) };
+            if (t + 1) % 1024 == 0 {
+                progress(t + 1);
+            }
+        }
+        // SAFETY: `transpose_tile` wrote all `per` registers of every tile.
+        unsafe { regs.set_len(tiles * per) };
+        Some(Packed { nb, tiles, regs })
+    }
+}
+
+/// [`screen_vnni_multi`] of the packed tiles `t0 .. t0 + hi.len() / 16 /
+/// sxs.len()`: the same bounds, without the transposes.
+///
+/// # Safety
+/// AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C present; those tiles exist in
+/// `p`; every `sxs[t]` holds `p.nb` blocks.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn screen_packed_multi(
+    sxs: &[ScreenX],
+    p: &Packed,
+    t0: usize,
+    hi: &mut [f32],
+    lo: &mut [f32],
+) {
+    let n = sxs.len();
+    let per = p.nb * PER_BLOCK;
+    for (i, hs) in hi.chunks_exact_mut(ROWS * n).enumerate() {
+        let tile = &p.regs[(t0 + i) * per..][..per];
+        // SAFETY: the caller's contract.
+        unsafe { tile_bounds(tile, p.nb, sxs, hs, lo) };
+    }
+}
+
 /// Writes, per block `b` of the 16 rows at `w` (stride `row_bytes`),
 /// `tile[b * PER_BLOCK + j]` (lane `i`: bytes `4j .. 4j + 4` of row `i`'s
-/// codes, each `+ 128`), then the rows' scales and their absolute values;
-/// prefetches the tile at `next` (any address) on the way. (Sixteen
+/// codes, each `+ 128`), then the rows' scales; prefetches the tile at `next` (any address) on the way. (Sixteen
 /// gathers instead measured 2x slower on Zen 4.)
 ///
 /// # Safety
@@ -211,7 +306,6 @@ unsafe fn transpose_tile(
             }
             let dw = _mm512_cvtph_ps(_mm256_loadu_si256(bits[b].as_ptr().cast()));
             out[8].write(_mm512_castps_si512(dw));
-            out[9].write(_mm512_castps_si512(_mm512_abs_ps(dw)));
         }
     }
 }
@@ -262,7 +356,7 @@ unsafe fn group_dots<const M: usize>(
     }
     let mut bnd = [_mm512_setzero_ps(); M];
     for b in 0..nb {
-        let adw = _mm512_castsi512_ps(tile[b * PER_BLOCK + 9]);
+        let adw = _mm512_abs_ps(_mm512_castsi512_ps(tile[b * PER_BLOCK + 8]));
         for (bt, x) in bnd.iter_mut().zip(xs) {
             *bt = _mm512_fmadd_ps(adw, _mm512_set1_ps(x.c[b]), *bt);
         }
