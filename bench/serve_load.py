@@ -110,15 +110,23 @@ async def engine_seconds(url):
     return tuple(vals[k] for k in keys) if all(k in vals for k in keys) else None
 
 
+# Second prompt token of the next request: every request of a run (the
+# warm-up and every level) gets its own, so no request finds another's
+# prompt in a server's prefix cache (kiln serve keeps finished prompts;
+# llama-server is told not to with cache_prompt).
+_next_id = [1000]
+
+
 async def level(url, streams, rounds, prompt_ids, output):
     ttfts, total = [], 0
 
     async def client(i):
         nonlocal total
         for r in range(rounds):
-            # A different first token per request: no prefix-cache hits
+            # A different second token per request: no prefix-cache hits
             # between requests, on either server.
-            ids = [prompt_ids[0], 1000 + i * rounds + r] + prompt_ids[2:]
+            ids = [prompt_ids[0], _next_id[0]] + prompt_ids[2:]
+            _next_id[0] += 1
             body = {"prompt": ids, "max_tokens": output, "temperature": 0, "ignore_eos": True,
                     "stream": True, "stream_options": {"include_usage": True}, "cache_prompt": False}
             ttft, n, _ = await stream_one(url, body)

@@ -699,7 +699,7 @@ pub fn screen_tiles_multi(
     lo: &mut [f32],
 ) -> Result<(), KernelError> {
     let n = sxs.len();
-    let rows = if n == 0 { 0 } else { hi.len() / n };
+    let rows = hi.len().checked_div(n).unwrap_or(0);
     if n == 0
         || lo.len() != n
         || !hi.len().is_multiple_of(n)
