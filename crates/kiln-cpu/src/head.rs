@@ -293,7 +293,7 @@ fn screened(
                 let r = match tiles {
                     // Chunks are whole tiles (multiples of 16 from a tile
                     // start) but for the matrix's last `rows % 16`.
-                    Some(t) if r0 + nr <= t.rows() && nr % 16 == 0 => {
+                    Some(t) if r0 + nr <= t.rows() && nr.is_multiple_of(16) => {
                         kiln_kernels::screen_tiles_multi(isa, t, r0, sxs, hs, lo)
                     }
                     _ => {
