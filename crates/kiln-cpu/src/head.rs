@@ -64,6 +64,9 @@ struct Batch {
     /// not finite (that hidden row then takes the exact path).
     best: Vec<Option<(usize, f32)>>,
     bad: Vec<bool>,
+    /// Per task × screen: the task's exact best and whether it met a
+    /// non-finite logit.
+    slots: Vec<(Option<(usize, f32)>, bool)>,
 }
 
 /// The backend's greedy head: `ids[t]` for hidden row `t` of `h`; a row
@@ -333,25 +336,60 @@ fn screened(
             };
         }
     }
+    // Each task's candidates re-scored on the pool (a 16-row batch keeps
+    // hundreds per row: 2 ms of serial work on Zen 4), into one slot per
+    // (task, screen); merged in task order, so the pick is the one a
+    // serial pass in ascending rows makes.
+    b.slots.clear();
+    b.slots.resize(tasks * m, (None, false));
+    let slots = SendPtr(b.slots.as_mut_ptr());
+    let (cands, of, floor) = (&b.cands[..tasks], &b.of, &floor);
+    par.run(tasks, |i| {
+        // SAFETY: task `i` alone touches slots `i * m..(i + 1) * m` and
+        // error slot `i`, all inside their vectors.
+        let (slot, err) = unsafe {
+            (
+                std::slice::from_raw_parts_mut(slots.get().add(i * m), m),
+                &mut *errs.get().add(i),
+            )
+        };
+        let mut y = [0.0f32];
+        for &(r, s, v) in &cands[i] {
+            let (r, s) = (r as usize, s as usize);
+            let (best, bad) = &mut slot[s];
+            if *bad || floor[s].is_nan() || v < floor[s] {
+                continue;
+            }
+            let x = &h[of[s] * cols..(of[s] + 1) * cols];
+            let ws = rows_bytes(w, data, r, 1);
+            if let Err(e) = kiln_kernels::gemv(isa, w.ty, ws, w.row_bytes, cols, x, &mut y) {
+                *err = Some(e);
+                return;
+            }
+            if !y[0].is_finite() {
+                *bad = true;
+            } else if best.is_none_or(|(_, bv)| y[0] > bv) {
+                // Ascending rows: `>` keeps the lowest id of equal logits.
+                *best = Some((r, y[0]));
+            }
+        }
+    });
+    if let Some(e) = b.errs.iter_mut().find_map(Option::take) {
+        return Err(kernel_err(w, e));
+    }
     b.best.clear();
     b.best.resize(m, None);
     b.bad.clear();
     b.bad.resize(m, false);
-    let mut y = [0.0f32];
-    for &(r, s, v) in b.cands[..tasks].iter().flatten() {
-        let (r, s) = (r as usize, s as usize);
-        if b.bad[s] || floor[s].is_nan() || v < floor[s] {
-            continue;
-        }
-        let x = &h[b.of[s] * cols..(b.of[s] + 1) * cols];
-        let ws = rows_bytes(w, data, r, 1);
-        kiln_kernels::gemv(isa, w.ty, ws, w.row_bytes, cols, x, &mut y)
-            .map_err(|e| kernel_err(w, e))?;
-        if !y[0].is_finite() {
-            b.bad[s] = true;
-        } else if b.best[s].is_none_or(|(_, bv)| y[0] > bv) {
-            // Ascending rows: `>` keeps the lowest id of equal logits.
-            b.best[s] = Some((r, y[0]));
+    for task in b.slots.chunks_exact(m) {
+        for (s, &(best, bad)) in task.iter().enumerate() {
+            b.bad[s] |= bad;
+            if let Some((r, v)) = best {
+                // Tasks in ascending rows: `>` again keeps the lowest id.
+                if b.best[s].is_none_or(|(_, bv)| v > bv) {
+                    b.best[s] = Some((r, v));
+                }
+            }
         }
     }
     for s in 0..m {
