@@ -9,8 +9,8 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use kiln_kernels::{
-    argmax_rows, gemm, gemv, gemv_q, has_gemv_q, pool::Pool, screen_rows, screen_rows_multi, Isa,
-    QuantX, ScreenX,
+    argmax_rows, gemm, gemv, gemv_q, has_gemv_q, pool::Pool, screen_rows, screen_rows_multi,
+    screen_tiles_multi, Isa, QuantX, ScreenTiles, ScreenX,
 };
 use kiln_quant::GgmlType;
 
@@ -193,6 +193,21 @@ fn bench_screen_multi(rows: usize, k: usize, n: usize) {
             "screen lm_head Q8_0 {rows}x{k} n={n} {isa:<10} {:>8.1} us ({:.2} GB/s)",
             s * 1e6,
             w.len() as f64 / s / 1e9
+        );
+        // The same rows from packed tiles (levels that pack them).
+        let Some(tiles) = ScreenTiles::pack(isa, ty, &w, packed, rows, k, &mut |_| {}) else {
+            continue;
+        };
+        let held = tiles.rows();
+        let s = time(Duration::from_millis(600), || {
+            lo.fill(f32::NEG_INFINITY);
+            let hs = &mut hi[..held * n];
+            screen_tiles_multi(isa, &tiles, 0, black_box(&sxs), hs, &mut lo).unwrap();
+            black_box(&hi);
+        });
+        println!(
+            "screen lm_head Q8_0 {held}x{k} n={n} {isa:<10} {:>8.1} us packed tiles",
+            s * 1e6
         );
     }
 }
