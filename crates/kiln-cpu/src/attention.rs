@@ -193,14 +193,7 @@ pub(crate) fn batch<'c, 'p>(
                 unsafe { s.run(par, isa, q, cur_k, cur_v, dst.get()) };
             }
         };
-        if n_lone == 1 {
-            // Not through `run`: it would hold the pool's job slot while
-            // the call ran inline, and the call's own key splits (a lone
-            // long decode) would then run serially too.
-            run(usize::from(lone[0]));
-        } else {
-            par.run(n_lone, |j| run(usize::from(lone[j])));
-        }
+        par.run(n_lone, |j| run(usize::from(lone[j])));
         for (i, p) in group.iter().enumerate() {
             if p.n_tok != 1 {
                 run(i);

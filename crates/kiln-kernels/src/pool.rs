@@ -97,7 +97,13 @@ impl Pool {
     /// A panic in any task is re-raised here after all tasks finished.
     /// There is one job slot: a `run` that finds it taken (another thread
     /// sharing the pool, or a task calling `run`) runs its tasks inline.
+    /// One task (or no workers) runs inline without taking the slot, so
+    /// the task's own `run` calls still get the pool.
     pub fn run<F: Fn(usize) + Sync>(&self, n_tasks: usize, f: F) {
+        if self.workers.is_empty() || n_tasks <= 1 {
+            (0..n_tasks).for_each(f);
+            return;
+        }
         let sh = &*self.shared;
         let guard = match sh.busy.try_lock() {
             Ok(g) => Some(g),
@@ -105,7 +111,7 @@ impl Pool {
             Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
             Err(std::sync::TryLockError::WouldBlock) => None,
         };
-        if self.workers.is_empty() || n_tasks <= 1 || guard.is_none() {
+        if guard.is_none() {
             (0..n_tasks).for_each(f);
             return;
         }
