@@ -189,15 +189,7 @@ fn screen_tiles(isa: Isa, w: &CpuWeight) -> Option<&kiln_kernels::ScreenTiles> {
                 return None;
             }
             let _p = crate::profile::op(|| "  head: packing its tiles".into(), 0);
-            kiln_kernels::ScreenTiles::pack(
-                isa,
-                w.ty,
-                w.data(),
-                w.row_bytes,
-                w.rows,
-                w.cols,
-                &mut |_| {},
-            )
+            kiln_kernels::ScreenTiles::pack(isa, w.ty, w.data(), w.row_bytes, w.rows, w.cols)
         })
         .as_ref()
 }

@@ -195,7 +195,7 @@ fn bench_screen_multi(rows: usize, k: usize, n: usize) {
             w.len() as f64 / s / 1e9
         );
         // The same rows from packed tiles (levels that pack them).
-        let Some(tiles) = ScreenTiles::pack(isa, ty, &w, packed, rows, k, &mut |_| {}) else {
+        let Some(tiles) = ScreenTiles::pack(isa, ty, &w, packed, rows, k) else {
             continue;
         };
         let held = tiles.rows();

@@ -637,8 +637,8 @@ pub struct ScreenTiles {
 }
 
 impl ScreenTiles {
-    /// `rows` rows of `k` Q8_0 values at `w` (stride `row_bytes`), packed;
-    /// `progress(rows done)` now and then. `None` where the form does not
+    /// `rows` rows of `k` Q8_0 values at `w` (stride `row_bytes`), packed
+    /// (6 ms for 262,144 x 640 on Zen 4). `None` where the form does not
     /// run: `isa` below [`Isa::Avx512Vnni`], other types, rows of more
     /// than 5,632 values, or the memory not available.
     pub fn pack(
@@ -648,27 +648,18 @@ impl ScreenTiles {
         row_bytes: usize,
         rows: usize,
         k: usize,
-        progress: &mut dyn FnMut(usize),
     ) -> Option<ScreenTiles> {
         if !can_screen(ty) || k == 0 || check_rows(ty, w, row_bytes, k, rows).is_err() {
             return None;
         }
         #[cfg(target_arch = "x86_64")]
         {
-            let mut tiles_done = |t: usize| progress(16 * t);
-            let packed = x86::pack_screen(
-                isa.min(Isa::cpu_max()),
-                w,
-                row_bytes,
-                rows,
-                k / 32,
-                &mut tiles_done,
-            )?;
+            let packed = x86::pack_screen(isa.min(Isa::cpu_max()), w, row_bytes, rows, k / 32)?;
             Some(ScreenTiles { packed, k })
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
-            let _ = (isa, progress);
+            let _ = isa;
             None
         }
     }

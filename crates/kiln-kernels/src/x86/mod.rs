@@ -347,12 +347,11 @@ pub(crate) fn pack_screen(
     row_bytes: usize,
     rows: usize,
     nb: usize,
-    progress: &mut dyn FnMut(usize),
 ) -> Option<Packed> {
     match isa {
         // SAFETY: `isa` is at most `Isa::cpu_max()`, so AVX-512 VNNI and
         // AVX2/FMA/F16C are present; the caller checked the shapes.
-        Isa::Avx512Vnni | Isa::Amx => unsafe { Packed::new(w, row_bytes, rows, nb, progress) },
+        Isa::Avx512Vnni | Isa::Amx => unsafe { Packed::new(w, row_bytes, rows, nb) },
         _ => None,
     }
 }

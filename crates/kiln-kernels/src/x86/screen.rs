@@ -6,7 +6,7 @@
 //! slower on Zen 4 (thread CPU time, LM head of the 270M, decode and
 //! kernel bench): its per-pair scale gather (`vpermw`) and 512-bit ops
 //! cost more than the 256-bit `maddubs` form saves, so it was removed.
-//! Four or more activation rows on VNNI take `super::screen_vnni`, which
+//! Two or more activation rows on VNNI take `super::screen_vnni`, which
 //! puts vocab rows in lanes instead.
 
 use core::arch::x86_64::*;

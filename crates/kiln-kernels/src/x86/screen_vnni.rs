@@ -12,7 +12,9 @@
 //! whole block in integers for all 16 rows (started at `−128 · Σ q`, which
 //! takes the shift back out), and one conversion, scale product and FMA
 //! per 16 rows and block. The transposed tile is kept on the stack and
-//! reused by every group of [`GROUP`] activation rows.
+//! reused by every group of [`GROUP`] activation rows, or, for a matrix
+//! screened again and again (an LM head), made once for all its tiles
+//! ([`Packed`]).
 
 use core::arch::x86_64::*;
 
@@ -69,10 +71,7 @@ pub(super) unsafe fn screen_vnni_multi(
         // caller's contract); `scratch` holds `nb * PER_BLOCK` registers,
         // all written by `transpose_tile` before the slice below reads them.
         let tile = unsafe {
-            let next = w
-                .as_ptr()
-                .wrapping_add((r0 + PREFETCH_TILES * ROWS) * row_bytes);
-            transpose_tile(&w[r0 * row_bytes..], row_bytes, nb, &mut scratch, next);
+            transpose_tile(&w[r0 * row_bytes..], row_bytes, nb, &mut scratch);
             core::slice::from_raw_parts(scratch.as_ptr().cast::<__m512i>(), nb * PER_BLOCK)
         };
         // SAFETY: as above.
@@ -153,20 +152,13 @@ pub(crate) struct Packed {
 
 impl Packed {
     /// The whole tiles of `rows` rows of `nb` blocks at `w` (stride
-    /// `row_bytes`), `progress(tiles done)` after every 1,024 tiles;
-    /// `None` for rows over [`MAX_BLOCKS`] blocks.
+    /// `row_bytes`); `None` for rows over [`MAX_BLOCKS`] blocks.
     ///
     /// # Safety
     /// AVX-512 F/BW/VL/VNNI, AVX2, FMA and F16C present; `w` holds `rows`
     /// rows of `nb` Q8_0 blocks at stride `row_bytes`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    pub(crate) unsafe fn new(
-        w: &[u8],
-        row_bytes: usize,
-        rows: usize,
-        nb: usize,
-        progress: &mut dyn FnMut(usize),
-    ) -> Option<Packed> {
+    pub(crate) unsafe fn new(w: &[u8], row_bytes: usize, rows: usize, nb: usize) -> Option<Packed> {
         if nb == 0 || nb > MAX_BLOCKS {
             return None;
         }
@@ -177,14 +169,8 @@ impl Packed {
         let spare = &mut regs.spare_capacity_mut()[..tiles * per];
         for (t, tile) in spare.chunks_exact_mut(per).enumerate() {
             let r0 = t * ROWS;
-            let next = w
-                .as_ptr()
-                .wrapping_add((r0 + PREFETCH_TILES * ROWS) * row_bytes);
             // SAFETY: rows r0 .. r0 + 16 lie in `w` (the caller's contract).
-            unsafe { transpose_tile(&w[r0 * row_bytes..], row_bytes, nb, tile, next) };
-            if (t + 1) % 1024 == 0 {
-                progress(t + 1);
-            }
+            unsafe { transpose_tile(&w[r0 * row_bytes..], row_bytes, nb, tile) };
         }
         // SAFETY: `transpose_tile` wrote all `per` registers of every tile.
         unsafe { regs.set_len(tiles * per) };
@@ -217,8 +203,9 @@ pub(super) unsafe fn screen_packed_multi(
 
 /// Writes, per block `b` of the 16 rows at `w` (stride `row_bytes`),
 /// `tile[b * PER_BLOCK + j]` (lane `i`: bytes `4j .. 4j + 4` of row `i`'s
-/// codes, each `+ 128`), then the rows' scales; prefetches the tile at `next` (any address) on the way. (Sixteen
-/// gathers instead measured 2x slower on Zen 4.)
+/// codes, each `+ 128`), then the rows' scales; prefetches the tile
+/// [`PREFETCH_TILES`] ahead on the way. (Sixteen gathers instead measured
+/// 2x slower on Zen 4.)
 ///
 /// # Safety
 /// As [`screen_vnni_multi`]; `w` holds 16 rows of `nb` blocks and `tile`
@@ -230,7 +217,6 @@ unsafe fn transpose_tile(
     row_bytes: usize,
     nb: usize,
     tile: &mut [core::mem::MaybeUninit<__m512i>],
-    next: *const u8,
 ) {
     assert!(
         w.len() >= (ROWS - 1) * row_bytes + nb * BLK
@@ -256,6 +242,7 @@ unsafe fn transpose_tile(
     // A later tile's lines (see `PREFETCH_TILES`), a share per block:
     // the hardware prefetcher alone leaves the tile's first reads (the
     // scales above) waiting on DRAM.
+    let next = base.wrapping_add(PREFETCH_TILES * ROWS * row_bytes);
     let lines = (ROWS * row_bytes).div_ceil(64);
     let per_block = lines.div_ceil(nb);
     for b in 0..nb {
