@@ -183,18 +183,35 @@ mod tests {
     use crate::{screen_rows, Isa};
     use kiln_quant::GgmlType;
 
+    /// Xorshift64 from `seed`.
+    fn xorshift(mut s: u64) -> impl FnMut() -> u64 {
+        move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        }
+    }
+
+    /// `rows` Q8_0 rows of `k` values: scales in ±0.05, random codes.
+    fn random_q8_0(rows: usize, k: usize, rnd: &mut impl FnMut() -> u64) -> Vec<u8> {
+        let mut w = vec![0u8; rows * (k / 32 * 34)];
+        for blk in w.chunks_exact_mut(34) {
+            let d = half::f16::from_f32((rnd() % 1001) as f32 * 1e-4 - 0.05);
+            blk[..2].copy_from_slice(&d.to_le_bytes());
+            for b in &mut blk[2..] {
+                *b = rnd() as u8;
+            }
+        }
+        w
+    }
+
     /// The multi-row screen bounds every exact dot from above, its floors
     /// from below, and agrees with the one-row screen up to summation
     /// order, on every ISA, for activation counts across register tiles.
     #[test]
     fn multi_row_bounds_hold_and_match_the_one_row_screen() {
-        let mut s = 0x2545_f491_4f6c_dd1du64;
-        let mut rnd = move || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            s
-        };
+        let mut rnd = xorshift(0x2545_f491_4f6c_dd1du64);
         // 37 rows: two 16-row tiles of the VNNI form and a remainder.
         for (k, rows) in [(640, 13), (640, 37), (96, 37)] {
             multi_row_case(k, rows, &mut rnd);
@@ -218,14 +235,7 @@ mod tests {
 
     fn multi_row_case(k: usize, rows: usize, rnd: &mut impl FnMut() -> u64) {
         let rb = k / 32 * 34;
-        let mut w = vec![0u8; rows * rb];
-        for blk in w.chunks_exact_mut(34) {
-            let d = half::f16::from_f32((rnd() % 1001) as f32 * 1e-4 - 0.05);
-            blk[..2].copy_from_slice(&d.to_le_bytes());
-            for b in &mut blk[2..] {
-                *b = rnd() as u8;
-            }
-        }
+        let w = random_q8_0(rows, k, rnd);
         let mut deq = vec![0.0f32; rows * k];
         kiln_quant::dequantize(GgmlType::Q8_0, &w, &mut deq).unwrap();
         for n in [1, 2, 7, 8, 9, 17] {
@@ -272,28 +282,12 @@ mod tests {
     /// level that packs; the others refuse to pack.
     #[test]
     fn packed_tiles_match_the_rows_they_hold() {
-        let mut s = 0x1234_5678_9abc_def1u64;
-        let mut rnd = move || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            s
-        };
+        let mut rnd = xorshift(0x1234_5678_9abc_def1u64);
         let (k, rows) = (96, 37);
         let rb = k / 32 * 34;
-        let mut w = vec![0u8; rows * rb];
-        for blk in w.chunks_exact_mut(34) {
-            let d = half::f16::from_f32((rnd() % 1001) as f32 * 1e-4 - 0.05);
-            blk[..2].copy_from_slice(&d.to_le_bytes());
-            for b in &mut blk[2..] {
-                *b = rnd() as u8;
-            }
-        }
+        let w = random_q8_0(rows, k, &mut rnd);
         for isa in Isa::available() {
-            let mut seen = Vec::new();
-            let packed = crate::ScreenTiles::pack(isa, GgmlType::Q8_0, &w, rb, rows, k, &mut |r| {
-                seen.push(r)
-            });
+            let packed = crate::ScreenTiles::pack(isa, GgmlType::Q8_0, &w, rb, rows, k);
             let Some(tiles) = packed else {
                 assert!(isa < Isa::Avx512Vnni, "{isa} packs");
                 continue;
@@ -354,25 +348,12 @@ mod tests {
     /// alone, and the same floor as the fold over those rows.
     #[test]
     fn grouped_rows_match_single_rows() {
-        let mut s = 0x9e37_79b9_7f4a_7c15u64;
-        let mut rnd = move || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            s
-        };
+        let mut rnd = xorshift(0x9e37_79b9_7f4a_7c15u64);
         for k in [32, 64, 96, 640] {
             let rb = k / 32 * 34;
             let x: Vec<f32> = (0..k).map(|_| (rnd() % 2001) as f32 * 1e-3 - 1.0).collect();
             let sx = ScreenX::new(&x).unwrap();
-            let mut w = vec![0u8; 11 * rb];
-            for blk in w.chunks_exact_mut(34) {
-                let d = half::f16::from_f32((rnd() % 1001) as f32 * 1e-4 - 0.05);
-                blk[..2].copy_from_slice(&d.to_le_bytes());
-                for b in &mut blk[2..] {
-                    *b = rnd() as u8;
-                }
-            }
+            let w = random_q8_0(11, k, &mut rnd);
             for isa in Isa::available() {
                 for n in 1..=11 {
                     let mut hi = vec![0.0f32; n];
