@@ -13,6 +13,7 @@ mod model;
 pub mod rng;
 pub mod sample;
 mod scratch;
+mod step_input;
 
 pub use backend::{
     AttnParams, Backend, GraphKey, HeadsPart, KvBinding, KvDst, KvStore, PastKv, SeqSpan, StepInput,
