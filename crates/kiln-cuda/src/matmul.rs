@@ -31,7 +31,7 @@ use kiln_quant::GgmlType;
 use crate::gpu::{cuda_err, Gpu, Source};
 use crate::ops::launch;
 use crate::weight::CudaWeight;
-use mma::{mma_mode, mma_smem_bytes, mma_wanted, MMA_SHAPES};
+use mma::{codes_fit_bf16, mma_mode, mma_smem_bytes, mma_wanted, MMA_SHAPES};
 use skinny::{GEMM_MAX_TOKENS, GEMM_TOKENS, SPLIT_FLOATS};
 use stream::{stream_enabled, HEAD_CELLS, STREAM_HEAD_TOKENS, STREAM_R};
 
@@ -239,7 +239,10 @@ impl Matmul {
         if n_tok == 0 || n_rows == 0 {
             return Ok(());
         }
-        if self.tensor_cores && mma_wanted(mma_mode(), n_tok, n_rows, w.cols) {
+        if self.tensor_cores
+            && codes_fit_bf16(w.ty)
+            && mma_wanted(mma_mode(), n_tok, n_rows, w.cols)
+        {
             return self.mma_gemm(gpu, &k, w, row0, n_rows, x, n_tok, out);
         }
         if n_tok > 1 && n_tok <= GEMM_MAX_TOKENS && skinny_enabled() {
@@ -468,7 +471,7 @@ impl Matmul {
                 .map(|&(shape, rows, tokens, _)| {
                     let name = format!("mma_gemm_{suffix}_{shape}");
                     let f = gpu.function(src, &name)?;
-                    // The 128 x 64 CTA takes 55 KiB: over the default 48
+                    // The 128 x 64 CTA takes 50 KiB: over the default 48
                     // (only asked where it runs: some older GPUs have 48).
                     if self.tensor_cores {
                         let bytes = mma_smem_bytes(rows, tokens) as i32;

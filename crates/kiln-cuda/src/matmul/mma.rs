@@ -1,13 +1,16 @@
-//! The tensor-core GEMM of kernels/mma.cu, in split-operand 3xTF32
-//! (within f32 rounding of the f32 kernels; see mma.cu), on GPUs of
-//! compute capability 8.0 or newer. By default it takes the batched-decode
-//! products where it measured faster than the f32 tiled GEMM on the H200
-//! ([`mma_auto`]); prefill stays on dequant + SGEMM, which it does not yet
-//! beat. `KILN_CUDA_MMA=all` sends every product of 16 or more rows to it
-//! (prefill too: for tests and A/B timing), `KILN_CUDA_MMA=0` none.
+//! The tensor-core GEMM of kernels/mma.cu: integer codes times three
+//! bfloat16 planes of x, with each 16-column chunk's scale and min applied
+//! in f32 (within f32 accumulation of the exact product; see mma.cu), on
+//! GPUs of compute capability 8.0 or newer, for quantized and BF16 weights
+//! (F32 and F16 are not exact in bfloat16 and keep the f32 kernels). By
+//! default it takes the products where it measured faster than the f32
+//! kernels on the H200 ([`mma_auto`]). `KILN_CUDA_MMA=all` sends every
+//! product of 16 or more rows to it (for tests and A/B timing),
+//! `KILN_CUDA_MMA=0` none.
 
 use cudarc::driver::CudaSlice;
 use kiln_model::Result;
+use kiln_quant::GgmlType;
 
 use super::skinny::TiledGemm;
 use super::{Matmul, TypeKernels};
@@ -23,11 +26,18 @@ pub(super) const MMA_SHAPES: [(&str, usize, usize, u32); 4] = [
     ("m128n64", 128, 64, 256),
 ];
 /// 8-value units of one k step (`MMA_K_UNITS`): splits are multiples.
-const MMA_K_UNITS: usize = 4;
-/// Shared memory of a CTA: its weight rows and tokens, `MMA_STRIDE` (36)
-/// split {hi, lo} pairs of 8 bytes each.
+const MMA_K_UNITS: usize = 8;
+/// Shared memory of a CTA (`MmaShape` in mma.cu), in 4-byte words: per
+/// weight row `MMA_STRIDE` (36) words of codes and a (d, m) pair for each
+/// of the 4 chunks; per token 3 planes of 36 words and 4 chunk sums.
 pub(super) fn mma_smem_bytes(rows: usize, tokens: usize) -> usize {
-    (rows + tokens) * 36 * 8
+    4 * (rows * (36 + 4 * 2) + tokens * (3 * 36 + 4))
+}
+
+/// Whether `ty`'s codes are exact in bfloat16 (`CodesFitBf16`): the
+/// quantized types and BF16.
+pub(super) fn codes_fit_bf16(ty: GgmlType) -> bool {
+    ty.block_elems() >= 32 || ty == GgmlType::BF16
 }
 /// Threads per SM the split along k aims for: each warp waits on its
 /// weight loads and barriers, so the GEMM wants many in flight (with 256
