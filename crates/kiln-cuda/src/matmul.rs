@@ -239,10 +239,7 @@ impl Matmul {
         if n_tok == 0 || n_rows == 0 {
             return Ok(());
         }
-        if self.tensor_cores
-            && codes_fit_bf16(w.ty)
-            && mma_wanted(mma_mode(), n_tok, n_rows, w.cols)
-        {
+        if self.tensor_cores && codes_fit_bf16(w.ty) && mma_wanted(mma_mode(), n_tok) {
             return self.mma_gemm(gpu, &k, w, row0, n_rows, x, n_tok, out);
         }
         if n_tok > 1 && n_tok <= GEMM_MAX_TOKENS && skinny_enabled() {

@@ -4,11 +4,10 @@
 //! and several rows) held to their CPU twin for every weight type: random
 //! weights packed by kiln-quant, dequantized by kiln-quant, dotted in f64.
 //!
-//! By default the tensor-core GEMM takes only large batched products
-//! (`model_types_match_cpu_at_large_shapes`); run the binary again with
-//! `KILN_CUDA_MMA=all` (it then takes every product of 16 or more rows, in
-//! every test: all 13 types, every CTA shape, splits along k) and with
-//! `KILN_CUDA_MMA=0` (the f32 kernels everywhere). bench/gpu-check does.
+//! By default the tensor-core GEMM takes every product of 8 or more rows
+//! (all 13 types, every CTA shape, splits along k, prefill sizes); run the
+//! binary again with `KILN_CUDA_MMA=0` for the f32 kernels (tiled GEMM,
+//! SGEMM) that it replaces there. bench/gpu-check does.
 //!
 //! Needs a GPU; without one each test prints `skipped: no CUDA device
 //! (...)` and passes. Outputs are poisoned with NaN before every run.
@@ -267,12 +266,10 @@ fn prefill_crosses_dequant_workspace_chunks() {
 }
 
 /// The types real models use at model-sized shapes: batched-decode
-/// products of a matrix large enough (over 4Mi weights, also the slice
-/// from row 3) for the default routing to take the tensor-core GEMM at
-/// 16-32 rows, and prefill-sized ones
-/// (SGEMM by default; with `KILN_CUDA_MMA=all`, the tensor-core GEMM's
-/// largest CTA, 128 weight rows x 64 tokens, taken when its tiles fill the
-/// GPU). 256 columns (one K-quant block) keep the prefill reference quick.
+/// products of a matrix of over 4Mi weights (also the slice from row 3),
+/// and prefill-sized ones (the tensor-core GEMM's largest CTA, 128 weight
+/// rows x 64 tokens, taken when its tiles fill the GPU; SGEMM with
+/// `KILN_CUDA_MMA=0`). 256 columns (one K-quant block) keep the prefill reference quick.
 #[test]
 fn model_types_match_cpu_at_large_shapes() {
     let Some(be) = backend() else { return };

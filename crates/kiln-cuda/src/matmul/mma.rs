@@ -2,11 +2,11 @@
 //! bfloat16 planes of x, with each 16-column chunk's scale and min applied
 //! in f32 (within f32 accumulation of the exact product; see mma.cu), on
 //! GPUs of compute capability 8.0 or newer, for quantized and BF16 weights
-//! (F32 and F16 are not exact in bfloat16 and keep the f32 kernels). By
-//! default it takes the products where it measured faster than the f32
-//! kernels on the H200 ([`mma_auto`]). `KILN_CUDA_MMA=all` sends every
-//! product of 16 or more rows to it (for tests and A/B timing),
-//! `KILN_CUDA_MMA=0` none.
+//! (F32 and F16 are not exact in bfloat16 and keep the f32 kernels). It
+//! takes every product of 8 or more token rows (batched decode and
+//! prefill), where it measured faster than the f32 kernels on the H200
+//! ([`MMA_MIN_TOKENS`]); `KILN_CUDA_MMA=0` sends none (A/B timing, and
+//! the f32 kernels' tests).
 
 use cudarc::driver::CudaSlice;
 use kiln_model::Result;
@@ -43,17 +43,22 @@ pub(super) fn codes_fit_bf16(ty: GgmlType) -> bool {
 /// weight loads and barriers, so the GEMM wants many in flight (with 256
 /// per CTA, 6 CTAs per SM).
 const MMA_THREADS_PER_SM: usize = 1536;
-/// Fewest token rows of the tensor-core GEMM (its smallest token tile).
-const MMA_MIN_TOKENS: usize = 16;
+/// Fewest token rows sent to the tensor-core GEMM. Measured on the H200
+/// (bench/RESULTS.md, 2026-12-05, matmul_bench Q4_K / Q6_K at the 270M, 1B
+/// and 4B FFN shapes): from 16 rows it beats the f32 tiled GEMM 1.1-2.7x
+/// up to 128 rows, and one 16-token tile (half of it masked) takes less
+/// time than the tiled GEMM's 8 rows; below 8 rows the two are even (both
+/// bound by the weight read) and the f32 kernels need no staging.
+const MMA_MIN_TOKENS: usize = 8;
 
 /// Which products take the tensor-core GEMM (`KILN_CUDA_MMA`).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(super) enum MmaMode {
-    /// Unset: where [`mma_auto`] says.
-    Auto,
-    /// `all`: every product of 16 or more token rows.
-    All,
-    /// `0`: none.
+    /// Unset (or `all`): every product of [`MMA_MIN_TOKENS`] or more rows.
+    /// Prefill too: at 512 rows it is 0.8-1.25x the f32 SGEMM per matrix,
+    /// and a whole 512-token prefill 1.10x (4B) to 1.18x (1B) faster.
+    On,
+    /// `0`: none (the f32 kernels, for A/B timing).
     Off,
 }
 
@@ -62,34 +67,14 @@ pub(super) fn mma_mode() -> MmaMode {
     *MODE.get_or_init(
         || match std::env::var("KILN_CUDA_MMA").as_deref().map(str::trim) {
             Ok("0") => MmaMode::Off,
-            Ok("all") => MmaMode::All,
-            _ => MmaMode::Auto,
+            _ => MmaMode::On,
         },
     )
 }
 
-/// Whether `n_tok` token rows times a `rows x cols` weight take the
-/// tensor-core GEMM in `mode`.
-pub(super) fn mma_wanted(mode: MmaMode, n_tok: usize, rows: usize, cols: usize) -> bool {
-    match mode {
-        MmaMode::Off => false,
-        MmaMode::All => n_tok >= MMA_MIN_TOKENS,
-        MmaMode::Auto => mma_auto(n_tok, rows * cols),
-    }
-}
-
-/// The measured default (matmul_bench, H200, Q4_K / Q6_K / Q8_0, vs the
-/// f32 tiled GEMM): 16-32 rows gain 1.1-1.6x from 1B-sized matrices on
-/// (~8M weights) but lose up to 1.2x on 270M ones (~1.3M); 33-64 rows
-/// gain 1.1-1.5x on 4B-sized ones (26M), 0.9-1.2x on 1B ones. Past 64
-/// rows it is at best even (128) and SGEMM faster (it runs at 0.63-0.85x
-/// of SGEMM's speed at 512).
-fn mma_auto(n_tok: usize, weights: usize) -> bool {
-    match n_tok {
-        16..=32 => weights >= 4 << 20,
-        33..=64 => weights >= 16 << 20,
-        _ => false,
-    }
+/// Whether `n_tok` token rows take the tensor-core GEMM in `mode`.
+pub(super) fn mma_wanted(mode: MmaMode, n_tok: usize) -> bool {
+    mode == MmaMode::On && n_tok >= MMA_MIN_TOKENS
 }
 
 /// Index into [`MMA_SHAPES`] for `n_tok` rows of an `n_rows` matrix: the
@@ -139,15 +124,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn auto_takes_large_batched_products_only() {
-        let auto = |n, rows, cols| mma_wanted(MmaMode::Auto, n, rows, cols);
-        // Gemma 3 1B / 4B FFN (1152 x 6912, 2560 x 10240), 270M (640 x 2048).
-        assert!(auto(16, 1152, 6912) && auto(32, 1152, 6912) && !auto(64, 1152, 6912));
-        assert!(auto(64, 2560, 10_240) && !auto(65, 2560, 10_240));
-        assert!(!auto(32, 640, 2048) && !auto(8, 2560, 10_240) && !auto(512, 2560, 10_240));
-        assert!(mma_wanted(MmaMode::All, 512, 640, 2048));
-        assert!(!mma_wanted(MmaMode::All, 15, 640, 2048));
-        assert!(!mma_wanted(MmaMode::Off, 32, 2560, 10_240));
+    fn batched_and_prefill_products_take_the_tensor_cores() {
+        assert!(mma_wanted(MmaMode::On, 8) && mma_wanted(MmaMode::On, 512));
+        assert!(!mma_wanted(MmaMode::On, 7) && !mma_wanted(MmaMode::On, 1));
+        assert!(!mma_wanted(MmaMode::Off, 32));
     }
 
     #[test]
