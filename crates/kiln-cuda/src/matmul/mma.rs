@@ -14,7 +14,7 @@ use kiln_quant::GgmlType;
 
 use super::skinny::TiledGemm;
 use super::{Matmul, TypeKernels};
-use crate::gpu::Gpu;
+use crate::gpu::{cuda_err, Gpu};
 use crate::weight::CudaWeight;
 
 /// `(name, weight rows, tokens, threads)` of the CTA shapes of
@@ -41,8 +41,38 @@ pub(super) fn codes_fit_bf16(ty: GgmlType) -> bool {
 }
 /// Threads per SM the split along k aims for: each warp waits on its
 /// weight loads and barriers, so the GEMM wants many in flight (with 256
-/// per CTA, 6 CTAs per SM).
+/// per CTA, 6 CTAs per SM). More than fit: the 64-token shapes use ~200
+/// registers a thread, so an SM holds 2 of their CTAs (pending/README.md).
 const MMA_THREADS_PER_SM: usize = 1536;
+
+/// How many CTAs per SM the split along k aims for
+/// (`KILN_CUDA_MMA_CTAS_PER_SM`, for timing the split on a GPU): unset,
+/// [`MMA_THREADS_PER_SM`]'s share; a number, that many; `occupancy`, as
+/// many as the driver says fit at once (registers and shared memory).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum SplitTarget {
+    Threads,
+    Ctas(usize),
+    Occupancy,
+}
+
+fn split_target() -> SplitTarget {
+    static TARGET: std::sync::OnceLock<SplitTarget> = std::sync::OnceLock::new();
+    *TARGET.get_or_init(|| {
+        let v = std::env::var("KILN_CUDA_MMA_CTAS_PER_SM").unwrap_or_default();
+        parse_split_target(&v)
+    })
+}
+
+fn parse_split_target(v: &str) -> SplitTarget {
+    match v.trim() {
+        "occupancy" => SplitTarget::Occupancy,
+        n => match n.parse::<usize>() {
+            Ok(n) if n > 0 => SplitTarget::Ctas(n),
+            _ => SplitTarget::Threads,
+        },
+    }
+}
 /// Fewest token rows sent to the tensor-core GEMM. Measured on the H200
 /// (bench/RESULTS.md, 2026-12-05, matmul_bench Q4_K / Q6_K at the 270M, 1B
 /// and 4B FFN shapes): from 16 rows it beats the f32 tiled GEMM 1.1-2.7x
@@ -106,13 +136,23 @@ impl Matmul {
         out: &mut CudaSlice<f32>,
     ) -> Result<()> {
         let shape = mma_shape(n_tok, n_rows, self.sms);
-        let (_, rows, tokens, threads) = MMA_SHAPES[shape];
+        let (name, rows, tokens, threads) = MMA_SHAPES[shape];
+        let smem_bytes = mma_smem_bytes(rows, tokens);
+        let f = &k.mma[shape];
+        let ctas_per_sm = match split_target() {
+            SplitTarget::Threads => MMA_THREADS_PER_SM / threads as usize,
+            SplitTarget::Ctas(n) => n,
+            SplitTarget::Occupancy => f
+                .occupancy_max_active_blocks_per_multiprocessor(threads, smem_bytes, None)
+                .map_err(|e| cuda_err(&format!("occupancy of mma_gemm {name}"), e))?
+                .max(1) as usize,
+        };
         let plan = TiledGemm {
-            f: &k.mma[shape],
+            f,
             tile: (rows, tokens),
             threads,
-            smem_bytes: mma_smem_bytes(rows, tokens) as u32,
-            ctas_per_sm: MMA_THREADS_PER_SM / threads as usize,
+            smem_bytes: smem_bytes as u32,
+            ctas_per_sm,
             step_units: MMA_K_UNITS,
         };
         self.launch_tiled(gpu, k, w, (row0, n_rows), x, n_tok, out, plan)
@@ -128,6 +168,15 @@ mod tests {
         assert!(mma_wanted(MmaMode::On, 8) && mma_wanted(MmaMode::On, 512));
         assert!(!mma_wanted(MmaMode::On, 7) && !mma_wanted(MmaMode::On, 1));
         assert!(!mma_wanted(MmaMode::Off, 32));
+    }
+
+    #[test]
+    fn split_target_reads_a_count_or_occupancy() {
+        assert_eq!(parse_split_target(""), SplitTarget::Threads);
+        assert_eq!(parse_split_target("0"), SplitTarget::Threads);
+        assert_eq!(parse_split_target("x"), SplitTarget::Threads);
+        assert_eq!(parse_split_target(" 2 "), SplitTarget::Ctas(2));
+        assert_eq!(parse_split_target("occupancy"), SplitTarget::Occupancy);
     }
 
     #[test]
