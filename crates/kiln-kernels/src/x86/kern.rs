@@ -273,47 +273,30 @@ impl Block for Q6K {
     }
 }
 
-/// Plain types, decoded 32 elements at a time (used when `k % 32 == 0`).
-pub(super) struct F32x32;
-impl Block for F32x32 {
-    const BYTES: usize = 128;
-    const ELEMS: usize = 32;
-    #[inline(always)]
-    fn decode<S: Simd>(s: S, b: &[u8], sink: &mut impl Sink<S>) {
-        let b: &[u8; 128] = b.try_into().expect("one block");
-        for i in 0..32 / S::LANES {
-            sink.put(i, s.f32s(&b[4 * S::LANES * i..]));
+/// A plain type decoded 32 elements at a time (used when `k % 32 == 0`):
+/// `$elem` bytes an element, `$parts` bf16 parts (see
+/// [`Block::BF16_PARTS`]), read `LANES` at a time by `Simd::$load`.
+macro_rules! plain_block {
+    ($name:ident, $elem:literal, $parts:literal, $load:ident) => {
+        pub(super) struct $name;
+        impl Block for $name {
+            const BYTES: usize = 32 * $elem;
+            const ELEMS: usize = 32;
+            const BF16_PARTS: usize = $parts;
+            #[inline(always)]
+            fn decode<S: Simd>(s: S, b: &[u8], sink: &mut impl Sink<S>) {
+                let b: &[u8; 32 * $elem] = b.try_into().expect("one block");
+                for i in 0..32 / S::LANES {
+                    sink.put(i, s.$load(&b[$elem * S::LANES * i..]));
+                }
+            }
         }
-    }
+    };
 }
 
-pub(super) struct F16x32;
-impl Block for F16x32 {
-    const BYTES: usize = 64;
-    const ELEMS: usize = 32;
-    const BF16_PARTS: usize = 2;
-    #[inline(always)]
-    fn decode<S: Simd>(s: S, b: &[u8], sink: &mut impl Sink<S>) {
-        let b: &[u8; 64] = b.try_into().expect("one block");
-        for i in 0..32 / S::LANES {
-            sink.put(i, s.f16s(&b[2 * S::LANES * i..]));
-        }
-    }
-}
-
-pub(super) struct Bf16x32;
-impl Block for Bf16x32 {
-    const BYTES: usize = 64;
-    const ELEMS: usize = 32;
-    const BF16_PARTS: usize = 1;
-    #[inline(always)]
-    fn decode<S: Simd>(s: S, b: &[u8], sink: &mut impl Sink<S>) {
-        let b: &[u8; 64] = b.try_into().expect("one block");
-        for i in 0..32 / S::LANES {
-            sink.put(i, s.bf16s(&b[2 * S::LANES * i..]));
-        }
-    }
-}
+plain_block!(F32x32, 4, 3, f32s);
+plain_block!(F16x32, 2, 2, f16s);
+plain_block!(Bf16x32, 2, 1, bf16s);
 
 /// Whether a [`Block`] decoder covers `ty` at row length `k`.
 pub(super) fn has_kernel(ty: GgmlType, k: usize) -> bool {
