@@ -197,21 +197,7 @@ impl Block for Q4K {
     #[inline(always)]
     fn decode<S: Simd>(s: S, b: &[u8], sink: &mut impl Sink<S>) {
         let b: &[u8; 144] = b.try_into().expect("one block");
-        let (d, dmin) = (s.f16(f16(b)), s.f16(f16(&b[2..])));
-        let scales: &[u8; 12] = b[4..16].try_into().expect("12 scale bytes");
-        let per = 32 / S::LANES;
-        // Groups 2j (low nibbles) and 2j+1 (high) share 32 bytes of qs.
-        for j in 0..4 {
-            let (sc0, m0) = scale_min_k4(2 * j, scales);
-            let (sc1, m1) = scale_min_k4(2 * j + 1, scales);
-            let (d0, n0) = (s.splat(d * sc0 as f32), s.splat(-(dmin * m0 as f32)));
-            let (d1, n1) = (s.splat(d * sc1 as f32), s.splat(-(dmin * m1 as f32)));
-            for c in 0..per {
-                let q = s.u8s(&b[16 + 32 * j + c * S::LANES..]);
-                sink.put(2 * j * per + c, s.fma(s.cvt(s.and(q, 0xF)), d0, n0));
-                sink.put((2 * j + 1) * per + c, s.fma(s.cvt(s.srl(q, 4)), d1, n1));
-            }
-        }
+        decode_k4(s, b, 16, None, sink);
     }
 }
 
@@ -222,23 +208,35 @@ impl Block for Q5K {
     #[inline(always)]
     fn decode<S: Simd>(s: S, b: &[u8], sink: &mut impl Sink<S>) {
         let b: &[u8; 176] = b.try_into().expect("one block");
-        let (d, dmin) = (s.f16(f16(b)), s.f16(f16(&b[2..])));
-        let scales: &[u8; 12] = b[4..16].try_into().expect("12 scale bytes");
-        let per = 32 / S::LANES;
-        for j in 0..4 {
-            let (sc0, m0) = scale_min_k4(2 * j, scales);
-            let (sc1, m1) = scale_min_k4(2 * j + 1, scales);
-            let (d0, n0) = (s.splat(d * sc0 as f32), s.splat(-(dmin * m0 as f32)));
-            let (d1, n1) = (s.splat(d * sc1 as f32), s.splat(-(dmin * m1 as f32)));
-            for c in 0..per {
-                let q = s.u8s(&b[48 + 32 * j + c * S::LANES..]);
-                // Bit g of qh[l] is the fifth bit of element l of group g.
-                let h = s.u8s(&b[16 + c * S::LANES..]);
-                let lo = s.or_test(s.and(q, 0xF), h, 1 << (2 * j), 16);
-                let hi = s.or_test(s.srl(q, 4), h, 2 << (2 * j), 16);
-                sink.put(2 * j * per + c, s.fma(s.cvt(lo), d0, n0));
-                sink.put((2 * j + 1) * per + c, s.fma(s.cvt(hi), d1, n1));
+        decode_k4(s, b, 48, Some(16), sink);
+    }
+}
+
+/// A Q4_K or Q5_K block `b`: d and dmin, then eight groups' 6-bit scales
+/// and mins (bytes 4..16), low nibbles from `qs` and, for Q5_K, each
+/// element's fifth bit from the 32 bytes at `qh` (bit g of `qh[l]` for
+/// element l of group g).
+#[inline(always)]
+fn decode_k4<S: Simd>(s: S, b: &[u8], qs: usize, qh: Option<usize>, sink: &mut impl Sink<S>) {
+    let (d, dmin) = (s.f16(f16(b)), s.f16(f16(&b[2..])));
+    let scales: &[u8; 12] = b[4..16].try_into().expect("12 scale bytes");
+    let per = 32 / S::LANES;
+    // Groups 2j (low nibbles) and 2j+1 (high) share 32 bytes of qs.
+    for j in 0..4 {
+        let (sc0, m0) = scale_min_k4(2 * j, scales);
+        let (sc1, m1) = scale_min_k4(2 * j + 1, scales);
+        let (d0, n0) = (s.splat(d * sc0 as f32), s.splat(-(dmin * m0 as f32)));
+        let (d1, n1) = (s.splat(d * sc1 as f32), s.splat(-(dmin * m1 as f32)));
+        for c in 0..per {
+            let q = s.u8s(&b[qs + 32 * j + c * S::LANES..]);
+            let (mut lo, mut hi) = (s.and(q, 0xF), s.srl(q, 4));
+            if let Some(qh) = qh {
+                let h = s.u8s(&b[qh + c * S::LANES..]);
+                lo = s.or_test(lo, h, 1 << (2 * j), 16);
+                hi = s.or_test(hi, h, 2 << (2 * j), 16);
             }
+            sink.put(2 * j * per + c, s.fma(s.cvt(lo), d0, n0));
+            sink.put((2 * j + 1) * per + c, s.fma(s.cvt(hi), d1, n1));
         }
     }
 }
