@@ -3,11 +3,10 @@
 //! down, the 262,144-row LM head), for the decode GEMV (1 token), the
 //! batched-decode GEMM (2 to 64 tokens: `KILN_CUDA_SKINNY=0` times the
 //! older per-warp and SGEMM paths instead), prefill-sized products (128
-//! and 512 tokens; the tensor-core GEMM from 8 rows on, `KILN_CUDA_MMA=0` the
-//! f32 kernels) and the
-//! greedy argmax head
-//! (`KILN_CUDA_STREAM=0` times the register-only GEMV and one-row head
-//! instead of the shared-memory streaming ones).
+//! and 512 tokens; the tensor-core GEMM from 8 rows on, `KILN_CUDA_MMA=0`
+//! the f32 kernels) and the greedy argmax head (`KILN_CUDA_STREAM=0` times
+//! the register-only GEMV and one-row head instead of the shared-memory
+//! streaming ones).
 //!
 //! ```sh
 //! cargo run --release -p kiln-cuda --example matmul_bench            # every type
