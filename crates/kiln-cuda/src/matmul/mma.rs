@@ -73,6 +73,7 @@ fn parse_split_target(v: &str) -> SplitTarget {
         },
     }
 }
+
 /// Fewest token rows sent to the tensor-core GEMM. Measured on the H200
 /// (bench/RESULTS.md, 2026-12-05, matmul_bench Q4_K / Q6_K at the 270M, 1B
 /// and 4B FFN shapes): from 16 rows it beats the f32 tiled GEMM 1.1-2.7x
