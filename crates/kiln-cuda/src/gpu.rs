@@ -454,7 +454,7 @@ fn cache_dir() -> PathBuf {
 fn cache_path(src: &Source, arch: &str) -> Result<PathBuf> {
     let (major, minor) = nvrtc_version()?;
     let mut h = Sha256::new();
-    h.update(src.text.as_bytes());
+    h.update(source_text(src).as_bytes());
     h.update(format!("\0{arch}\0{NVRTC_OPTIONS:?}\0nvrtc {major}.{minor}").as_bytes());
     let hex: String = h.finalize()[..12]
         .iter()
@@ -491,6 +491,20 @@ pub(crate) fn compile(src: &Source, arch: &str) -> Result<Vec<u8>> {
     })
 }
 
+/// The text compiled for `src`: the built-in one, or
+/// `$KILN_CUDA_SOURCE_DIR/<name>.cu` where that variable is set and the
+/// file exists (a whole translation unit, headers included: for timing
+/// kernel variants with the same binaries on a GPU machine without Rust).
+fn source_text(src: &Source) -> std::borrow::Cow<'static, str> {
+    let Some(dir) = std::env::var_os("KILN_CUDA_SOURCE_DIR") else {
+        return src.text.into();
+    };
+    match std::fs::read_to_string(PathBuf::from(dir).join(format!("{}.cu", src.name))) {
+        Ok(text) => text.into(),
+        Err(_) => src.text.into(),
+    }
+}
+
 /// `KILN_CUDA_FAIL_COMPILE=1` makes every kernel source fail to compile
 /// (an `#error` line first), bypassing the cache: for testing the paths
 /// that must survive a broken kernel.
@@ -501,9 +515,12 @@ fn forced_compile_failure() -> bool {
 fn compile_unguarded(src: &Source, arch: &str) -> Result<Vec<u8>> {
     let what = format!("compiling {}.cu for {arch}", src.name);
     let text = if forced_compile_failure() {
-        format!("#error forced by KILN_CUDA_FAIL_COMPILE=1\n{}", src.text)
+        format!(
+            "#error forced by KILN_CUDA_FAIL_COMPILE=1\n{}",
+            source_text(src)
+        )
     } else {
-        src.text.to_string()
+        source_text(src).into_owned()
     };
     let text = CString::new(text).map_err(|e| cuda_err(&what, e))?;
     let file = CString::new(format!("{}.cu", src.name)).map_err(|e| cuda_err(&what, e))?;
