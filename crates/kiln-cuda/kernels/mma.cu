@@ -211,6 +211,43 @@ __device__ __forceinline__ void mma_step(const u32* ws, const float2* wa, const 
     }
 }
 
+// acc += this warp's block of W tile `wt` (`rows` rows left from it)
+// times x tile `xt` (nt tokens) over units u_begin .. u_end, a k step at a
+// time through the CTA's shared memory (the caller's acc starts at 0).
+template <class T, class S, int N8>
+__device__ __forceinline__ void mma_tile(const u8* __restrict__ wt, u64 row_bytes, int rows, int k,
+                                         const float* __restrict__ xt, int nt, int u_begin, int u_end,
+                                         u32* smem, float (&acc)[2][N8][4]) {
+    u32* ws = smem;
+    float2* wa = (float2*)(ws + S::W_WORDS);
+    u32* xs = ws + S::W_WORDS + S::A_WORDS;
+    float* xsum = (float*)(xs + S::X_WORDS);
+    const int warp = threadIdx.x >> 5, wm = warp % (S::ROWS / 32), wn = warp / (S::ROWS / 32);
+    MmaStage<S> st;
+    mma_load<T, S>(wt, row_bytes, rows, k, u_begin, u_end, xt, nt, st);
+    for (int u0 = u_begin; u0 < u_end; u0 += MMA_K_UNITS) {
+        __syncthreads();  // the previous step has read the tiles
+        mma_store<T, S>(st, ws, wa, xs, xsum);
+        __syncthreads();
+        // The next step's loads are in flight while this one multiplies.
+        // (Past the end it reloads the last units: in bounds, never
+        // stored.)
+        mma_load<T, S>(wt, row_bytes, rows, k, min(u0 + MMA_K_UNITS, u_end - 1), u_end, xt, nt, st);
+        mma_step<T, N8>(ws + 32 * wm * MMA_STRIDE, wa + 32 * wm * MMA_CHUNKS, xs + 8 * N8 * wn * MMA_STRIDE,
+                        S::TOKENS * MMA_STRIDE, xsum + 8 * N8 * wn * MMA_CHUNKS, acc);
+    }
+}
+
+template <int N8>
+__device__ __forceinline__ void zero_acc(float (&acc)[2][N8][4]) {
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int ni = 0; ni < N8; ni++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) acc[mi][ni][c] = 0.0f;
+}
+
 // CTA (x, y, z) computes weight rows S::ROWS x .. + S::ROWS (of the n_rows
 // from row0) against tokens S::TOKENS z .. + S::TOKENS, over units
 // y * units_per_split .. (y + 1) * units_per_split (a multiple of
@@ -226,39 +263,16 @@ __device__ __forceinline__ void mma_gemm(const u8* __restrict__ w, u64 row_bytes
         // Laid out as MmaShape says (mma.rs sizes the launch; above 48 KiB
         // it opts in).
         extern __shared__ __align__(16) u32 mma_smem[];
-        u32* ws = mma_smem;
-        float2* wa = (float2*)(ws + S::W_WORDS);
-        u32* xs = ws + S::W_WORDS + S::A_WORDS;
-        float* xsum = (float*)(xs + S::X_WORDS);
         const int tile = blockIdx.x * S::ROWS, tok0 = blockIdx.z * S::TOKENS;
         const int u_begin = blockIdx.y * units_per_split, u_end = min(k >> 3, u_begin + units_per_split);
-        const u8* wt = w + (u64)(row0 + tile) * row_bytes;
-        const float* xt = x + (size_t)tok0 * k;
         const int rows = n_rows - tile, nt = min(S::TOKENS, n_tok - tok0);
         KERNEL_PROLOGUE();
-        const int warp = threadIdx.x >> 5, wm = warp % WM, wn = warp / WM;
         float acc[2][N8][4];
-#pragma unroll
-        for (int mi = 0; mi < 2; mi++)
-#pragma unroll
-            for (int ni = 0; ni < N8; ni++)
-#pragma unroll
-                for (int c = 0; c < 4; c++) acc[mi][ni][c] = 0.0f;
-        MmaStage<S> st;
-        mma_load<T, S>(wt, row_bytes, rows, k, u_begin, u_end, xt, nt, st);
-        for (int u0 = u_begin; u0 < u_end; u0 += MMA_K_UNITS) {
-            __syncthreads();  // the previous step has read the tiles
-            mma_store<T, S>(st, ws, wa, xs, xsum);
-            __syncthreads();
-            // The next step's loads are in flight while this one
-            // multiplies. (Past the end it reloads the last units: in
-            // bounds, never stored.)
-            mma_load<T, S>(wt, row_bytes, rows, k, min(u0 + MMA_K_UNITS, u_end - 1), u_end, xt, nt, st);
-            mma_step<T, N8>(ws + 32 * wm * MMA_STRIDE, wa + 32 * wm * MMA_CHUNKS,
-                            xs + 8 * N8 * wn * MMA_STRIDE, S::TOKENS * MMA_STRIDE,
-                            xsum + 8 * N8 * wn * MMA_CHUNKS, acc);
-        }
+        zero_acc(acc);
+        mma_tile<T, S, N8>(w + (u64)(row0 + tile) * row_bytes, row_bytes, rows, k, x + (size_t)tok0 * k, nt, u_begin,
+                           u_end, mma_smem, acc);
         float* dst = out + (size_t)blockIdx.y * n_tok * n_rows;
+        const int warp = threadIdx.x >> 5, wm = warp % WM, wn = warp / WM;
         const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
         for (int mi = 0; mi < 2; mi++)
@@ -274,6 +288,57 @@ __device__ __forceinline__ void mma_gemm(const u8* __restrict__ w, u64 row_bytes
 #endif
 }
 
+// The greedy head of a batch: CTA (x, 0, z) takes row tiles x, x +
+// gridDim.x, ... of all n_rows rows (whole rows: no split along k)
+// against tokens S::TOKENS z .., and writes each token's largest
+// argmax_key over its rows to partials[(tok0 + t) * gridDim.x + x]
+// (argmax_finish reduces them). Same dots as mma_gemm.
+template <class T, int WM, int WN, int N8>
+__device__ __forceinline__ void mma_argmax(const u8* __restrict__ w, u64 row_bytes, int n_rows, int k,
+                                           const float* __restrict__ x, int n_tok, u64* __restrict__ partials) {
+#if __CUDA_ARCH__ >= 800
+    if constexpr (CodesFitBf16<T>::value) {
+        using S = MmaShape<WM, WN, N8>;
+        extern __shared__ __align__(16) u32 mma_smem[];
+        __shared__ u64 best[S::TOKENS];
+        const int tok0 = blockIdx.z * S::TOKENS, nt = min(S::TOKENS, n_tok - tok0);
+        for (int t = threadIdx.x; t < S::TOKENS; t += S::THREADS) best[t] = 0;  // visible after mma_tile's barrier
+        KERNEL_PROLOGUE();
+        const int warp = threadIdx.x >> 5, wm = warp % WM, wn = warp / WM;
+        const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+        for (int tile = blockIdx.x * S::ROWS; tile < n_rows; tile += gridDim.x * S::ROWS) {
+            float acc[2][N8][4];
+            zero_acc(acc);
+            mma_tile<T, S, N8>(w + (u64)tile * row_bytes, row_bytes, n_rows - tile, k, x + (size_t)tok0 * k, nt, 0,
+                               k >> 3, mma_smem, acc);
+            // Per token column: the best of this lane's four rows, then of
+            // the eight lanes (g) that share the column, then of the WM
+            // warps (shared-memory atomics: order-free).
+#pragma unroll
+            for (int ni = 0; ni < N8; ni++)
+#pragma unroll
+                for (int odd = 0; odd < 2; odd++) {
+                    u64 b = 0;
+#pragma unroll
+                    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+                        for (int hi = 0; hi < 2; hi++) {
+                            const int r = tile + 32 * wm + 16 * mi + g + 8 * hi;
+                            if (r < n_rows) b = max_u64(b, argmax_key(acc[mi][ni][2 * hi + odd], (u32)r));
+                        }
+#pragma unroll
+                    for (int o = 4; o < 32; o <<= 1) b = max_u64(b, __shfl_xor_sync(FULL_MASK, b, o));
+                    const int tt = 8 * N8 * wn + 8 * ni + 2 * t + odd;
+                    if (g == 0 && tt < nt) atomicMax((unsigned long long*)&best[tt], (unsigned long long)b);
+                }
+        }
+        __syncthreads();
+        for (int tt = threadIdx.x; tt < nt; tt += S::THREADS)
+            partials[(size_t)(tok0 + tt) * gridDim.x + blockIdx.x] = best[tt];
+    }
+#endif
+}
+
 // ---- entry points -------------------------------------------------------------
 
 // The CTA shapes the host picks from (MMA_SHAPES in mma.rs), named
@@ -283,6 +348,11 @@ __device__ __forceinline__ void mma_gemm(const u8* __restrict__ w, u64 row_bytes
         KILN_CAT(KILN_CAT(mma_gemm, KILN_WEIGHT), NAME)(const u8* w, u64 row_bytes, int row0, int n_rows, int k, \
                                                        const float* x, int n_tok, int units_per_split, float* out) { \
         mma_gemm<KILN_WEIGHT, WM, WN, N8>(w, row_bytes, row0, n_rows, k, x, n_tok, units_per_split, out);       \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(32 * WM * WN)                                                    \
+        KILN_CAT(KILN_CAT(mma_argmax, KILN_WEIGHT), NAME)(const u8* w, u64 row_bytes, int n_rows, int k,         \
+                                                         const float* x, int n_tok, u64* partials) {             \
+        mma_argmax<KILN_WEIGHT, WM, WN, N8>(w, row_bytes, n_rows, k, x, n_tok, partials);                         \
     }
 
 KILN_MMA(2, 2, 1, m64n16)

@@ -31,7 +31,7 @@ use kiln_quant::GgmlType;
 use crate::gpu::{cuda_err, Gpu, Source};
 use crate::ops::launch;
 use crate::weight::CudaWeight;
-use mma::{codes_fit_bf16, mma_mode, mma_smem_bytes, mma_wanted, MMA_SHAPES};
+use mma::{codes_fit_bf16, mma_head_enabled, mma_mode, mma_smem_bytes, mma_wanted, MMA_SHAPES};
 use skinny::{GEMM_MAX_TOKENS, GEMM_TOKENS, SPLIT_FLOATS};
 use stream::{stream_enabled, HEAD_CELLS, STREAM_HEAD_TOKENS, STREAM_R};
 
@@ -126,8 +126,9 @@ struct TypeKernels {
     stream_argmax: Vec<CudaFunction>,
     /// In [`STREAM_HEAD_TOKENS`] order.
     stream_head: Vec<CudaFunction>,
-    /// In [`MMA_SHAPES`] order.
+    /// In [`MMA_SHAPES`] order: the tensor-core GEMM and greedy head.
     mma: Vec<CudaFunction>,
+    mma_argmax: Vec<CudaFunction>,
 }
 
 /// The packed-weight ops of [`crate::CudaBackend`].
@@ -374,7 +375,9 @@ impl Matmul {
     /// go to the lowest r, and any non-finite dot gives `u32::MAX` (the
     /// host reports it). Nothing is copied to the host and nothing
     /// allocated. Up to 4 rows take the streaming kernels (stream.rs), more
-    /// the tiled one; both read each head row once for all rows.
+    /// the tiled one (or from 8 rows the tensor cores, with
+    /// `KILN_CUDA_MMA_HEAD=1`: mma.rs); each reads every head row once for
+    /// all rows (once per 64 rows on the tensor cores).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn argmax(
         &self,
@@ -397,6 +400,13 @@ impl Matmul {
         }
         if n == 0 || (stream_enabled() && self.stream_argmax(gpu, &k, w, h, row0, n, ids, slot0)?) {
             return Ok(());
+        }
+        if self.tensor_cores
+            && codes_fit_bf16(w.ty)
+            && mma_head_enabled()
+            && mma_wanted(mma_mode(), n)
+        {
+            return self.mma_argmax(gpu, &k, w, h, row0, n, ids, slot0);
         }
         if n > 1 {
             return self.argmax_tiles(gpu, &k, w, h, row0, n, ids, slot0);
@@ -448,6 +458,23 @@ impl Matmul {
                 .map(|r| gpu.function(src, &format!("{op}_{suffix}_r{r}")))
                 .collect::<Result<Vec<_>>>()
         };
+        // The 128 x 64 CTAs take 50 KiB of shared memory: over the default
+        // 48 (only asked where they run: some older GPUs have 48).
+        let mma_kernels = |op: &str| {
+            MMA_SHAPES
+                .iter()
+                .map(|&(shape, rows, tokens, _)| {
+                    let name = format!("{op}_{suffix}_{shape}");
+                    let f = gpu.function(src, &name)?;
+                    if self.tensor_cores {
+                        let bytes = mma_smem_bytes(rows, tokens) as i32;
+                        f.set_attribute(MAX_DYNAMIC_SMEM, bytes)
+                            .map_err(|e| cuda_err(&format!("shared memory of {name}"), e))?;
+                    }
+                    Ok(f)
+                })
+                .collect::<Result<Vec<_>>>()
+        };
         let k = Arc::new(TypeKernels {
             matvec: matvec?,
             dequant_rows: get("dequant_rows")?,
@@ -463,21 +490,8 @@ impl Matmul {
                 .iter()
                 .map(|t| gpu.function(src, &format!("stream_argmax_{suffix}_t{t}")))
                 .collect::<Result<Vec<_>>>()?,
-            mma: MMA_SHAPES
-                .iter()
-                .map(|&(shape, rows, tokens, _)| {
-                    let name = format!("mma_gemm_{suffix}_{shape}");
-                    let f = gpu.function(src, &name)?;
-                    // The 128 x 64 CTA takes 50 KiB: over the default 48
-                    // (only asked where it runs: some older GPUs have 48).
-                    if self.tensor_cores {
-                        let bytes = mma_smem_bytes(rows, tokens) as i32;
-                        f.set_attribute(MAX_DYNAMIC_SMEM, bytes)
-                            .map_err(|e| cuda_err(&format!("shared memory of {name}"), e))?;
-                    }
-                    Ok(f)
-                })
-                .collect::<Result<Vec<_>>>()?,
+            mma: mma_kernels("mma_gemm")?,
+            mma_argmax: mma_kernels("mma_argmax")?,
         });
         map.insert(w.ty, k.clone());
         Ok(k)

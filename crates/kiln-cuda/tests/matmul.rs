@@ -472,10 +472,20 @@ fn argmax_of_several_rows_matches_cpu_with_ties_and_nan() {
     let Some(be) = backend() else { return };
     let mut rng = Rng(29);
     let mut fails = Vec::new();
-    // 67 rows: two token tiles of 64; 9: one padded tile of 16; 5: one
-    // padded tile of 8; 2 and 3: the streaming heads of 2 and 4 rows.
+    // 67 rows: two token tiles of 64; 9: one padded tile of 16 (with
+    // KILN_CUDA_MMA_HEAD=1 both on the tensor cores); 16 over 60,000 rows:
+    // more row tiles than the tensor-core head has resident CTAs, so CTAs
+    // take several; 5: the tiled head's padded tile of 8; 2 and 3: the
+    // streaming heads of 2 and 4 rows.
     for ty in TYPES {
-        for (rows, n) in [(300, 67), (20_000, 9), (20_000, 5), (300, 2), (20_000, 3)] {
+        for (rows, n) in [
+            (300, 67),
+            (20_000, 9),
+            (60_000, 16),
+            (20_000, 5),
+            (300, 2),
+            (20_000, 3),
+        ] {
             let mut w = random_weight(&be, ty, rows, &mut rng);
             let (cols, row0) = (w.cols, 2);
             let h = rng.floats((row0 + n) * cols, 1.0);

@@ -8,13 +8,14 @@
 //! ([`MMA_MIN_TOKENS`]); `KILN_CUDA_MMA=0` sends none (A/B timing, and
 //! the f32 kernels' tests).
 
-use cudarc::driver::CudaSlice;
-use kiln_model::Result;
+use cudarc::driver::{CudaSlice, LaunchConfig};
+use kiln_model::{ModelError, Result};
 use kiln_quant::GgmlType;
 
 use super::skinny::TiledGemm;
-use super::{Matmul, TypeKernels};
+use super::{as_i32, grid, Matmul, TypeKernels, FINISH_BLOCK};
 use crate::gpu::{cuda_err, Gpu};
+use crate::ops::launch;
 use crate::weight::CudaWeight;
 
 /// `(name, weight rows, tokens, threads)` of the CTA shapes of
@@ -103,6 +104,16 @@ pub(super) fn mma_mode() -> MmaMode {
     )
 }
 
+/// `KILN_CUDA_MMA_HEAD=1`: the greedy head of 8 or more rows on the
+/// tensor cores ([`Matmul::mma_argmax`]) rather than the f32 tiled head.
+/// Off until it is timed on a GPU (written while none was lent): on the
+/// H200 the tiled head took ~3 ms of a 4B 64-row step (bench/RESULTS.md,
+/// 2026-12-04), f32 FMAs over 262,144 rows.
+pub(super) fn mma_head_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("KILN_CUDA_MMA_HEAD").is_ok_and(|v| v.trim() == "1"))
+}
+
 /// Whether `n_tok` token rows take the tensor-core GEMM in `mode`.
 pub(super) fn mma_wanted(mode: MmaMode, n_tok: usize) -> bool {
     mode == MmaMode::On && n_tok >= MMA_MIN_TOKENS
@@ -157,6 +168,68 @@ impl Matmul {
             step_units: MMA_K_UNITS,
         };
         self.launch_tiled(gpu, k, w, (row0, n_rows), x, n_tok, out, plan)
+    }
+}
+
+impl Matmul {
+    /// `ids[slot0 + i] = argmax_r dot(W[r], h[row0 + i])` for `i < n` with
+    /// the tensor-core GEMM's dots: a CTA per resident slot takes every
+    /// gridDim-th row tile whole (no split along k) and keeps its best key
+    /// per token; `argmax_finish` reduces the CTAs' keys (shapes checked by
+    /// the caller; ties and non-finite dots as [`Matmul::argmax`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn mma_argmax(
+        &self,
+        gpu: &Gpu,
+        k: &TypeKernels,
+        w: &CudaWeight,
+        h: &CudaSlice<f32>,
+        row0: usize,
+        n: usize,
+        ids: &mut CudaSlice<u32>,
+        slot0: usize,
+    ) -> Result<()> {
+        let shape = mma_shape(n, w.rows, self.sms);
+        let (name, rows, tokens, threads) = MMA_SHAPES[shape];
+        let smem_bytes = mma_smem_bytes(rows, tokens);
+        let f = &k.mma_argmax[shape];
+        let resident = f
+            .occupancy_max_active_blocks_per_multiprocessor(threads, smem_bytes, None)
+            .map_err(|e| cuda_err(&format!("occupancy of mma_argmax {name}"), e))?
+            .max(1) as usize;
+        let ctas = (resident * self.sms)
+            .min(w.rows.div_ceil(rows))
+            .min(self.partials.len() / n);
+        if ctas == 0 {
+            return Err(ModelError::Backend(format!(
+                "argmax over {}: {n} rows at once exceed the {} partials",
+                w.name,
+                self.partials.len()
+            )));
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (
+                ctas as u32,
+                1,
+                as_i32("token tiles", n.div_ceil(tokens))? as u32,
+            ),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: smem_bytes as u32,
+        };
+        let what = format!("argmax on {}", w.name);
+        let (n_rows, cols) = (as_i32("rows", w.rows)?, as_i32("cols", w.cols)?);
+        let n_i = as_i32("argmax rows", n)?;
+        // Reads every weight row and h rows row0..row0+n (checked); writes
+        // n * ctas <= partials.len() partials.
+        launch!(gpu, f, cfg, &what;
+            gpu.ptr(&w.data, 0), w.row_bytes as u64, n_rows, cols, gpu.ptr(h, row0 * w.cols), n_i,
+            gpu.ptr(&self.partials, 0))?;
+        let cfg = grid((n, 1), FINISH_BLOCK);
+        let slot0 = as_i32("slot", slot0)?;
+        // Reads the n * ctas partials just written, writes ids[slot0..slot0+n]
+        // (checked).
+        launch!(gpu, &k.argmax_finish, cfg, &what;
+            gpu.ptr(&self.partials, 0), ctas as i32, gpu.ptr(ids, 0), slot0)
     }
 }
 
