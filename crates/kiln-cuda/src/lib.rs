@@ -68,10 +68,11 @@ pub fn unavailable_reason() -> Option<String> {
     }
 }
 
-/// Compiles every kernel source for `arch` (e.g. `compute_90`) with NVRTC,
-/// without a GPU; returns each source's name and image size. For tests.
+/// Every kernel translation unit: its name (the module cache's, and
+/// `KILN_CUDA_SOURCE_DIR`'s file stem) and its built-in text. For tests
+/// and the `dump_kernels` example.
 #[doc(hidden)]
-pub fn compile_kernel_sources(arch: &str) -> Result<Vec<(&'static str, usize)>> {
+pub fn kernel_sources() -> Vec<(&'static str, &'static str)> {
     let mut sources = vec![
         &ops::ELEMENTWISE,
         &fused::FUSED,
@@ -79,9 +80,18 @@ pub fn compile_kernel_sources(arch: &str) -> Result<Vec<(&'static str, usize)>> 
         &sample::SAMPLE,
     ];
     sources.extend(matmul::sources());
-    sources
+    sources.into_iter().map(|s| (s.name, s.text)).collect()
+}
+
+/// Compiles every kernel source for `arch` (e.g. `compute_90`) with NVRTC,
+/// without a GPU; returns each source's name and image size. For tests.
+#[doc(hidden)]
+pub fn compile_kernel_sources(arch: &str) -> Result<Vec<(&'static str, usize)>> {
+    kernel_sources()
         .into_iter()
-        .map(|s| gpu::compile(s, arch).map(|img| (s.name, img.len())))
+        .map(|(name, text)| {
+            gpu::compile(&gpu::Source { name, text }, arch).map(|img| (name, img.len()))
+        })
         .collect()
 }
 
