@@ -48,6 +48,27 @@ struct CodesFitBf16<bf16> {
     static constexpr bool value = true;
 };
 
+// Columns under one (d, m) in a type's rows: 32 for the legacy blocks and
+// Q4_K / Q5_K, 16 for Q2_K / Q3_K / Q6_K (and BF16, d = 1). mma2.cu sums
+// the products of a group's chunks into one f32 tile before applying d
+// and m.
+template <class T>
+struct MmaGroup {
+    static constexpr int COLS = 16;
+};
+#define KILN_MMA_GROUP32(T)             \
+    template <>                         \
+    struct MmaGroup<T> {                \
+        static constexpr int COLS = 32; \
+    };
+KILN_MMA_GROUP32(q4_0)
+KILN_MMA_GROUP32(q4_1)
+KILN_MMA_GROUP32(q5_0)
+KILN_MMA_GROUP32(q5_1)
+KILN_MMA_GROUP32(q8_0)
+KILN_MMA_GROUP32(q4_k)
+KILN_MMA_GROUP32(q5_k)
+
 // {bf16(lo), bf16(hi)} in one word (lo in the low half: the lower column
 // of an MMA fragment pair), each rounded to nearest.
 __device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
@@ -128,6 +149,23 @@ __device__ __forceinline__ void mma_load(const u8* __restrict__ w, u64 row_bytes
     }
 }
 
+// Writes the staged step's weights into shared memory: codes as bfloat16
+// (exact), and the (d, m) of each group of G columns (from its first unit).
+template <class S, int G>
+__device__ __forceinline__ void mma_store_w(const MmaStage<S>& st, u32* ws, float2* wa) {
+    constexpr int GU = G / 8;  // 2 or 4 units
+    static_assert(GU == 2 || GU == 4, "groups of 16 or 32 columns");
+#pragma unroll
+    for (int p = 0; p < S::W_PASSES; p++) {
+        const int i = threadIdx.x + p * S::THREADS;
+        const int r = i / MMA_K_UNITS, j = i % MMA_K_UNITS;
+        const float* q = st.q[p];
+        *(uint4*)(ws + r * MMA_STRIDE + 4 * j) = make_uint4(pack_bf16(q[0], q[1]), pack_bf16(q[2], q[3]),
+                                                            pack_bf16(q[4], q[5]), pack_bf16(q[6], q[7]));
+        if ((j & (GU - 1)) == 0) wa[r * (MMA_K / G) + (j >> (GU == 4 ? 2 : 1))] = make_float2(st.a[p].d, st.a[p].m);
+    }
+}
+
 // Writes the staged step into shared memory: codes as bfloat16 (exact),
 // each chunk's affine (from its first unit: units 2p and 2p + 1 share it),
 // x as three planes and, for types with a min, each chunk's sum(x).
@@ -153,15 +191,44 @@ __device__ __forceinline__ void mma_store(const MmaStage<S>& st, u32* ws, float2
             if ((c4 & 3) == 0) xsum[t * MMA_CHUNKS + (c4 >> 2)] = s;
         }
     }
+    mma_store_w<S, 16>(st, ws, wa);
+}
+
+// acc[.][ni] += d * part (+ m * sum(x)) for one 8-token tile: aff holds
+// the (d, m) of rows g and g + 8 of both 16-row tiles, `sum` the x sum of
+// token 2t of this group (token 2t + 1's `stride` floats on).
+template <class T, int N8>
+__device__ __forceinline__ void mma_apply(float (&acc)[2][N8][4], int ni, const float (&part)[2][4],
+                                          const float2 (&aff)[2][2], const float* sum, int stride) {
+    float s[2] = {0.0f, 0.0f};
+    if (T::HAS_MIN) s[0] = sum[0], s[1] = sum[stride];
 #pragma unroll
-    for (int p = 0; p < S::W_PASSES; p++) {
-        const int i = threadIdx.x + p * S::THREADS;
-        const int r = i / MMA_K_UNITS, j = i % MMA_K_UNITS;
-        const float* q = st.q[p];
-        *(uint4*)(ws + r * MMA_STRIDE + 4 * j) = make_uint4(pack_bf16(q[0], q[1]), pack_bf16(q[2], q[3]),
-                                                            pack_bf16(q[4], q[5]), pack_bf16(q[6], q[7]));
-        if ((j & 1) == 0) wa[r * MMA_CHUNKS + (j >> 1)] = make_float2(st.a[p].d, st.a[p].m);
-    }
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            const float2 af = aff[mi][c >> 1];
+            float v = fmaf(af.x, part[mi][c], acc[mi][ni][c]);
+            if (T::HAS_MIN) v = fmaf(af.y, s[c & 1], v);
+            acc[mi][ni][c] = v;
+        }
+}
+
+// Stores warp (wm, wn)'s outputs: row r < rows of the tile at `tile`,
+// token tt < nt of the tile at tok0, at dst[(tok0 + tt) * n_rows + tile + r].
+template <int N8>
+__device__ __forceinline__ void mma_write(const float (&acc)[2][N8][4], float* __restrict__ dst, int n_rows, int tile,
+                                          int rows, int tok0, int nt, int wm, int wn) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int ni = 0; ni < N8; ni++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const int r = 32 * wm + 16 * mi + g + 8 * (c >> 1);
+                const int tt = 8 * N8 * wn + 8 * ni + 2 * t + (c & 1);
+                if (r < rows && tt < nt) dst[(size_t)(tok0 + tt) * n_rows + tile + r] = acc[mi][ni][c];
+            }
 }
 
 // acc += this warp's block of the step in shared memory: per chunk, the
@@ -193,20 +260,7 @@ __device__ __forceinline__ void mma_step(const u32* ws, const float2* wa, const 
                 mma_bf16(part[0], a[0], b);
                 mma_bf16(part[1], a[1], b);
             }
-            float s[2] = {0.0f, 0.0f};
-            if (T::HAS_MIN) {
-                s[0] = xsum[(8 * ni + 2 * t) * MMA_CHUNKS + ch];
-                s[1] = xsum[(8 * ni + 2 * t + 1) * MMA_CHUNKS + ch];
-            }
-#pragma unroll
-            for (int mi = 0; mi < 2; mi++)
-#pragma unroll
-                for (int c = 0; c < 4; c++) {
-                    const float2 af = aff[mi][c >> 1];
-                    float v = fmaf(af.x, part[mi][c], acc[mi][ni][c]);
-                    if (T::HAS_MIN) v = fmaf(af.y, s[c & 1], v);
-                    acc[mi][ni][c] = v;
-                }
+            mma_apply<T, N8>(acc, ni, part, aff, xsum + (8 * ni + 2 * t) * MMA_CHUNKS + ch, MMA_CHUNKS);
         }
     }
 }
@@ -271,19 +325,8 @@ __device__ __forceinline__ void mma_gemm(const u8* __restrict__ w, u64 row_bytes
         zero_acc(acc);
         mma_tile<T, S, N8>(w + (u64)(row0 + tile) * row_bytes, row_bytes, rows, k, x + (size_t)tok0 * k, nt, u_begin,
                            u_end, mma_smem, acc);
-        float* dst = out + (size_t)blockIdx.y * n_tok * n_rows;
-        const int warp = threadIdx.x >> 5, wm = warp % WM, wn = warp / WM;
-        const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-#pragma unroll
-        for (int mi = 0; mi < 2; mi++)
-#pragma unroll
-            for (int ni = 0; ni < N8; ni++)
-#pragma unroll
-                for (int c = 0; c < 4; c++) {
-                    const int r = 32 * wm + 16 * mi + g + 8 * (c >> 1);
-                    const int tt = 8 * N8 * wn + 8 * ni + 2 * t + (c & 1);
-                    if (r < rows && tt < nt) dst[(size_t)(tok0 + tt) * n_rows + tile + r] = acc[mi][ni][c];
-                }
+        const int warp = threadIdx.x >> 5;
+        mma_write(acc, out + (size_t)blockIdx.y * n_tok * n_rows, n_rows, tile, rows, tok0, nt, warp % WM, warp / WM);
     }
 #endif
 }

@@ -31,7 +31,10 @@ use kiln_quant::GgmlType;
 use crate::gpu::{cuda_err, Gpu, Source};
 use crate::ops::launch;
 use crate::weight::CudaWeight;
-use mma::{codes_fit_bf16, mma_head_enabled, mma_mode, mma_smem_bytes, mma_wanted, MMA_SHAPES};
+use mma::{
+    codes_fit_bf16, mma2_smem_bytes, mma_group, mma_head_enabled, mma_mode, mma_smem_bytes,
+    mma_wanted, MMA_SHAPES,
+};
 use skinny::{GEMM_MAX_TOKENS, GEMM_TOKENS, SPLIT_FLOATS};
 use stream::{stream_enabled, HEAD_CELLS, STREAM_HEAD_TOKENS, STREAM_R};
 
@@ -52,6 +55,7 @@ macro_rules! sources {
                     include_str!("../kernels/skinny.cu"),
                     include_str!("../kernels/stream.cu"),
                     include_str!("../kernels/mma.cu"),
+                    include_str!("../kernels/mma2.cu"),
                 ),
             },
         )),*]
@@ -129,6 +133,9 @@ struct TypeKernels {
     /// In [`MMA_SHAPES`] order: the tensor-core GEMM and greedy head.
     mma: Vec<CudaFunction>,
     mma_argmax: Vec<CudaFunction>,
+    /// `KILN_CUDA_MMA=2`: x split once per product, then the GEMM.
+    mma2_split_x: CudaFunction,
+    mma2: Vec<CudaFunction>,
 }
 
 /// The packed-weight ops of [`crate::CudaBackend`].
@@ -150,6 +157,8 @@ pub(crate) struct Matmul {
     /// Dequantized weight rows for SGEMM; allocated on the first prefill
     /// (never during a graph capture), then kept.
     workspace: Mutex<Option<CudaSlice<f32>>>,
+    /// `mma2_gemm`'s split x (mma.rs), allocated on first use.
+    mma2_x: Mutex<Option<CudaSlice<f32>>>,
 }
 
 /// `KILN_CUDA_SKINNY=0` sends 2..=8 token rows to the per-warp `matvec`
@@ -210,6 +219,7 @@ impl Matmul {
             smem_per_sm,
             tensor_cores,
             workspace: Mutex::new(None),
+            mma2_x: Mutex::new(None),
         })
     }
 
@@ -467,7 +477,10 @@ impl Matmul {
                     let name = format!("{op}_{suffix}_{shape}");
                     let f = gpu.function(src, &name)?;
                     if self.tensor_cores {
-                        let bytes = mma_smem_bytes(rows, tokens) as i32;
+                        let bytes = match op {
+                            "mma2_gemm" => mma2_smem_bytes(rows, tokens, mma_group(w.ty)),
+                            _ => mma_smem_bytes(rows, tokens),
+                        } as i32;
                         f.set_attribute(MAX_DYNAMIC_SMEM, bytes)
                             .map_err(|e| cuda_err(&format!("shared memory of {name}"), e))?;
                     }
@@ -492,6 +505,8 @@ impl Matmul {
                 .collect::<Result<Vec<_>>>()?,
             mma: mma_kernels("mma_gemm")?,
             mma_argmax: mma_kernels("mma_argmax")?,
+            mma2_split_x: get("mma2_split_x")?,
+            mma2: mma_kernels("mma2_gemm")?,
         });
         map.insert(w.ty, k.clone());
         Ok(k)

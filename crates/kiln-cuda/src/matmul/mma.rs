@@ -6,14 +6,16 @@
 //! takes every product of 8 or more token rows (batched decode and
 //! prefill), where it measured faster than the f32 kernels on the H200
 //! ([`MMA_MIN_TOKENS`]); `KILN_CUDA_MMA=0` sends none (A/B timing, and
-//! the f32 kernels' tests).
+//! the f32 kernels' tests). `KILN_CUDA_MMA=2` sends products of up to 128
+//! rows to `mma2_gemm` (mma2.cu: x split once per product, ~30% fewer
+//! instructions per k step by the SASS), not yet timed on a GPU.
 
-use cudarc::driver::{CudaSlice, LaunchConfig};
+use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig};
 use kiln_model::{ModelError, Result};
 use kiln_quant::GgmlType;
 
 use super::skinny::TiledGemm;
-use super::{as_i32, grid, Matmul, TypeKernels, FINISH_BLOCK};
+use super::{as_i32, grid, Matmul, TypeKernels, BLOCK, FINISH_BLOCK};
 use crate::gpu::{cuda_err, Gpu};
 use crate::ops::launch;
 use crate::weight::CudaWeight;
@@ -90,6 +92,10 @@ pub(super) enum MmaMode {
     /// Prefill too: at 512 rows it is 0.8-1.25x the f32 SGEMM per matrix,
     /// and a whole 512-token prefill 1.10x (4B) to 1.18x (1B) faster.
     On,
+    /// `2`: as `On`, with products of up to [`MMA2_MAX_TOKENS`] rows on
+    /// `mma2_gemm` (x split once per product; mma2.cu). Not yet timed on
+    /// a GPU (written 2026-12-05 while none was lent).
+    Split,
     /// `0`: none (the f32 kernels, for A/B timing).
     Off,
 }
@@ -99,6 +105,7 @@ pub(super) fn mma_mode() -> MmaMode {
     *MODE.get_or_init(
         || match std::env::var("KILN_CUDA_MMA").as_deref().map(str::trim) {
             Ok("0") => MmaMode::Off,
+            Ok("2") => MmaMode::Split,
             _ => MmaMode::On,
         },
     )
@@ -116,7 +123,33 @@ pub(super) fn mma_head_enabled() -> bool {
 
 /// Whether `n_tok` token rows take the tensor-core GEMM in `mode`.
 pub(super) fn mma_wanted(mode: MmaMode, n_tok: usize) -> bool {
-    mode == MmaMode::On && n_tok >= MMA_MIN_TOKENS
+    mode != MmaMode::Off && n_tok >= MMA_MIN_TOKENS
+}
+
+/// Most token rows `mma2_gemm` takes (batched decode), and the longest
+/// rows (k) its workspace holds: 3 bfloat16 planes and the group sums of
+/// 128 x 16,384 values (26 MiB, allocated on first use, before any
+/// capture: a graph keeps its address).
+const MMA2_MAX_TOKENS: usize = 128;
+const MMA2_MAX_K: usize = 16_384;
+pub(super) const MMA2_WORDS: usize =
+    MMA2_MAX_TOKENS * MMA2_MAX_K * 3 / 2 + MMA2_MAX_TOKENS * MMA2_MAX_K / 16;
+
+/// Columns under one (d, m) as mma2.cu groups them (`MmaGroup`).
+pub(super) fn mma_group(ty: GgmlType) -> usize {
+    use GgmlType::*;
+    match ty {
+        Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q4K | Q5K => 32,
+        _ => 16,
+    }
+}
+
+/// Shared memory of an `mma2_gemm` CTA (`Mma2Shape` in mma2.cu): two
+/// weight buffers (codes, and (d, m) per row and group) and two x buffers
+/// (3 planes, and a sum per token and group), in 4-byte words.
+pub(super) fn mma2_smem_bytes(rows: usize, tokens: usize, group: usize) -> usize {
+    let groups = 64 / group;
+    4 * (2 * (rows * (36 + 2 * groups)) + 2 * (tokens * (3 * 36 + groups)))
 }
 
 /// Index into [`MMA_SHAPES`] for `n_tok` rows of an `n_rows` matrix: the
@@ -132,7 +165,88 @@ fn mma_shape(n_tok: usize, n_rows: usize, sms: usize) -> usize {
     }
 }
 
+/// The launch plan of an MMA kernel of `shape`: its split along k aims
+/// for `KILN_CUDA_MMA_CTAS_PER_SM` CTAs per SM where set, else
+/// `default` (or, without one, as many as fit at once).
+fn mma_plan<'a>(
+    f: &'a CudaFunction,
+    (name, rows, tokens, threads): (&str, usize, usize, u32),
+    smem_bytes: usize,
+    default: Option<usize>,
+) -> Result<TiledGemm<'a>> {
+    let resident = || {
+        f.occupancy_max_active_blocks_per_multiprocessor(threads, smem_bytes, None)
+            .map_err(|e| cuda_err(&format!("occupancy of {name} CTAs"), e))
+            .map(|n| n.max(1) as usize)
+    };
+    let ctas_per_sm = match (split_target(), default) {
+        (SplitTarget::Ctas(n), _) => n,
+        (SplitTarget::Threads, Some(n)) => n,
+        _ => resident()?,
+    };
+    Ok(TiledGemm {
+        f,
+        tile: (rows, tokens),
+        threads,
+        smem_bytes: smem_bytes as u32,
+        ctas_per_sm,
+        step_units: MMA_K_UNITS,
+    })
+}
+
 impl Matmul {
+    /// The product by `mma2_gemm` where `KILN_CUDA_MMA=2` asks for it and
+    /// it applies (at most [`MMA2_MAX_TOKENS`] rows of at most
+    /// [`MMA2_MAX_K`] values); `Ok(false)` leaves it to `mma_gemm`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn mma2_gemm(
+        &self,
+        gpu: &Gpu,
+        k: &TypeKernels,
+        w: &CudaWeight,
+        (row0, n_rows): (usize, usize),
+        x: &CudaSlice<f32>,
+        n_tok: usize,
+        out: &mut CudaSlice<f32>,
+    ) -> Result<bool> {
+        if mma_mode() != MmaMode::Split || n_tok > MMA2_MAX_TOKENS || w.cols > MMA2_MAX_K {
+            return Ok(false);
+        }
+        let shape = mma_shape(n_tok, n_rows, self.sms);
+        let (_, tile_rows, tokens, _) = MMA_SHAPES[shape];
+        let group = mma_group(w.ty);
+        let smem_bytes = mma2_smem_bytes(tile_rows, tokens, group);
+        let f = &k.mma2[shape];
+        let mut guard = self.mma2_x.lock().unwrap_or_else(|e| e.into_inner());
+        let ws = match guard.as_mut() {
+            Some(ws) => ws,
+            // Before any capture: the warm-up run of a step (run_step
+            // runs it plainly first) allocates it.
+            None => guard.insert(gpu.alloc::<f32>(MMA2_WORDS, "split x workspace")?),
+        };
+        let (rows, kp) = (n_tok.next_multiple_of(tokens), w.cols.next_multiple_of(64));
+        let what = format!("tiled GEMM on {}", w.name);
+        let (cols, n_tok_i) = (as_i32("cols", w.cols)?, as_i32("tokens", n_tok)?);
+        let (rows_i, kp_i, group_i) = (as_i32("rows", rows)?, as_i32("cols", kp)?, group as i32);
+        let cfg = grid(
+            ((rows * kp / 8).div_ceil(BLOCK as usize).min(4096), 1),
+            BLOCK,
+        );
+        // Reads n_tok * cols of x (checked by the caller); writes 3 * rows *
+        // kp / 2 + rows * kp / group <= MMA2_WORDS words (rows: n_tok <=
+        // MMA2_MAX_TOKENS rounded up to a token tile, which divides it; kp
+        // <= MMA2_MAX_K, a multiple of 64). mma2_gemm finds the sums after
+        // the planes.
+        launch!(gpu, &k.mma2_split_x, cfg, &what;
+            gpu.ptr(x, 0), n_tok_i, cols, rows_i, kp_i, group_i, gpu.ptr(ws, 0), gpu.ptr(ws, 3 * rows * kp / 2))?;
+        // One wave of resident CTAs unless told otherwise (mma_gemm's
+        // default over-splits: pending/README.md).
+        let plan = mma_plan(f, MMA_SHAPES[shape], smem_bytes, None)?;
+        // The split x in place of x: mma2_gemm takes the same arguments.
+        self.launch_tiled(gpu, k, w, (row0, n_rows), ws, n_tok, out, plan)?;
+        Ok(true)
+    }
+
     /// `out[t, r] = Σ_c x[t, c] · W[row0 + r, c]` on the tensor cores
     /// (shapes checked by the caller).
     #[allow(clippy::too_many_arguments)]
@@ -147,26 +261,19 @@ impl Matmul {
         n_tok: usize,
         out: &mut CudaSlice<f32>,
     ) -> Result<()> {
+        if self.mma2_gemm(gpu, k, w, (row0, n_rows), x, n_tok, out)? {
+            return Ok(());
+        }
         let shape = mma_shape(n_tok, n_rows, self.sms);
-        let (name, rows, tokens, threads) = MMA_SHAPES[shape];
+        let (_, rows, tokens, threads) = MMA_SHAPES[shape];
         let smem_bytes = mma_smem_bytes(rows, tokens);
         let f = &k.mma[shape];
-        let ctas_per_sm = match split_target() {
-            SplitTarget::Threads => MMA_THREADS_PER_SM / threads as usize,
-            SplitTarget::Ctas(n) => n,
-            SplitTarget::Occupancy => f
-                .occupancy_max_active_blocks_per_multiprocessor(threads, smem_bytes, None)
-                .map_err(|e| cuda_err(&format!("occupancy of mma_gemm {name}"), e))?
-                .max(1) as usize,
-        };
-        let plan = TiledGemm {
+        let plan = mma_plan(
             f,
-            tile: (rows, tokens),
-            threads,
-            smem_bytes: smem_bytes as u32,
-            ctas_per_sm,
-            step_units: MMA_K_UNITS,
-        };
+            MMA_SHAPES[shape],
+            smem_bytes,
+            Some(MMA_THREADS_PER_SM / threads as usize),
+        )?;
         self.launch_tiled(gpu, k, w, (row0, n_rows), x, n_tok, out, plan)
     }
 }
@@ -242,6 +349,23 @@ mod tests {
         assert!(mma_wanted(MmaMode::On, 8) && mma_wanted(MmaMode::On, 512));
         assert!(!mma_wanted(MmaMode::On, 7) && !mma_wanted(MmaMode::On, 1));
         assert!(!mma_wanted(MmaMode::Off, 32));
+        assert!(mma_wanted(MmaMode::Split, 8) && !mma_wanted(MmaMode::Split, 7));
+    }
+
+    #[test]
+    fn split_x_layout_fits_its_workspace_and_shared_memory() {
+        // Q4_K, 64 x 64: two weight buffers of 64 x (36 + 2 x 2) words,
+        // two x buffers of 64 x (3 x 36 + 2).
+        assert_eq!(
+            mma2_smem_bytes(64, 64, 32),
+            4 * (2 * 64 * 40 + 2 * 64 * 110)
+        );
+        // The largest CTA fits an H200 SM's 227 KiB (with 16-column groups).
+        assert!(mma2_smem_bytes(128, 64, 16) <= 227 << 10);
+        // 128 rows of 16,384 values: planes and 16-column sums.
+        assert_eq!(MMA2_WORDS, 3 * 128 * 16_384 / 2 + 128 * 16_384 / 16);
+        assert_eq!(mma_group(GgmlType::Q4K), 32);
+        assert_eq!(mma_group(GgmlType::Q6K), 16);
     }
 
     #[test]

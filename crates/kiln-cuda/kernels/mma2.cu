@@ -1,0 +1,267 @@
+// mma2.cu: the tensor-core GEMM of batched decode with x split once per
+// product (KILN_CUDA_MMA=2, mma.rs; appended after mma.cu, whose helpers
+// and exactness argument it shares).
+//
+//   mma2_split_x  x [n_tok, k] f32 -> three bfloat16 planes (hi, mid, lo:
+//                 mma.cu's split) and sum(x) per group of G columns,
+//                 rows padded to a whole token tile and columns to a
+//                 whole k step with zeros, so the GEMM has no bounds on x.
+//   mma2_gemm     mma_gemm's product from the split x: each k step's planes
+//                 and sums arrive in shared memory by cp.async (no
+//                 registers, no arithmetic), the weight tile is decoded
+//                 from registers as in mma_gemm into a second buffer, so
+//                 one barrier per step; d and m are applied once per group
+//                 of columns under one scale (MmaGroup: 32 for the Q4_K
+//                 family, half the f32 work of mma_gemm's 16).
+//
+// Against mma_gemm at 64 tokens (Q4_K, sm_90 SASS): the x split and its
+// stores leave every CTA of the product (~250 instructions of ~1,300 per
+// thread and k step), the group fixups halve the FFMAs (256 -> 128), and
+// the x prefetch no longer holds 32 registers.
+
+// Layout of the split x (mma.rs sizes it): planes [3][rows][kp / 2] words
+// (bf16 pairs, the lower column in the low half), then sums [rows][kp / G]
+// floats, kp = k rounded up to MMA_K, rows = n_tok rounded up to a tile.
+
+// One thread per 8-value unit of the padded [rows, kp] x: its three planes'
+// four words each, and its share of the group sums (G / 8 lanes a group).
+KILN_ENTRY(mma2_split_x, WARPS * 32)(const float* x, int n_tok, int k, int rows, int kp, int group,
+                                      u32* planes, float* sums) {
+    KERNEL_PROLOGUE();
+    const int units = kp >> 3;
+    const int n = rows * units;
+    // Whole warps take whole groups: n is a multiple of 8 (units of a
+    // padded row), so no lane of a group exits early.
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n + 31; i += gridDim.x * blockDim.x) {
+        if (i - (int)(threadIdx.x & 31) >= n) break;  // the whole warp is past the end
+        const int t = i / units, c = 8 * (i % units);
+        float v[8];
+        const bool in = i < n && t < n_tok && c < k;
+        const float4* p = (const float4*)(x + (size_t)min(t, n_tok - 1) * k + min(c, k - 8));
+        const float4 a = in ? p[0] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        const float4 b = in ? p[1] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+        float s = ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
+        for (int o = 1; o < (group >> 3); o <<= 1) s += __shfl_xor_sync(FULL_MASK, s, o);
+        if (i >= n) continue;
+        if ((c % group) == 0) sums[(size_t)t * (kp / group) + c / group] = s;
+#pragma unroll
+        for (int plane = 0; plane < MMA_PLANES; plane++) {
+            u32 wd[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                wd[j] = pack_bf16(v[2 * j], v[2 * j + 1]);
+                v[2 * j] -= bf16_lo(wd[j]), v[2 * j + 1] -= bf16_hi(wd[j]);
+            }
+            *(uint4*)(planes + ((size_t)plane * rows + t) * (kp >> 1) + (c >> 1)) = make_uint4(wd[0], wd[1], wd[2], wd[3]);
+        }
+    }
+}
+
+// Shared memory of an mma2 CTA, in words: two weight buffers (codes, then
+// (d, m) per row and group), then two x buffers (planes, then sums per
+// token and group). mma.rs mirrors it (mma2_smem_bytes).
+template <class T, int WM, int WN, int N8>
+struct Mma2Shape {
+    using S = MmaShape<WM, WN, N8>;
+    static constexpr int GROUPS = MMA_K / MmaGroup<T>::COLS;
+    static constexpr int W_BUF = S::ROWS * MMA_STRIDE + S::ROWS * GROUPS * 2;
+    static constexpr int X_BUF = MMA_PLANES * S::TOKENS * MMA_STRIDE + S::TOKENS * GROUPS;
+    static constexpr int WORDS = 2 * W_BUF + 2 * X_BUF;
+};
+
+// Issues this thread's cp.async copies of k step u0's x tile (planes and
+// sums) into the buffer at `xb`, one commit.
+template <class T, class S, int GROUPS>
+__device__ __forceinline__ void mma2_copy_x(const u32* planes, const float* sums, int rows, int kp, int tok0, int u0,
+                                            u32* xb) {
+    // Planes: 8 16-byte pieces per (plane, token) row of the step; thread
+    // i takes piece i % 8 of rows i / 8 + RP j (RP rows a pass, dividing
+    // the tile's tokens: pass j is plane j / JT, tokens RP (j % JT) ..).
+    constexpr int RP = S::THREADS / 8, JT = S::TOKENS / RP;
+    static_assert(S::TOKENS % RP == 0, "passes of whole plane rows");
+    const int r0 = threadIdx.x >> 3, piece = threadIdx.x & 7;
+    const size_t row_words = kp >> 1;
+    const u32* src = planes + (tok0 + r0) * row_words + 4 * u0 + 4 * piece;
+    u32* dst = xb + r0 * MMA_STRIDE + 4 * piece;
+#pragma unroll
+    for (int j = 0; j < MMA_PLANES * JT; j++)
+        cp_async16((u8*)(dst + RP * j * MMA_STRIDE),
+                   (const u8*)(src + (size_t)(j / JT) * rows * row_words + (size_t)(RP * (j % JT)) * row_words));
+    // Sums: GROUPS floats per token (16 bytes for 4 groups, 8 for 2).
+    float* xsum = (float*)(xb + MMA_PLANES * S::TOKENS * MMA_STRIDE);
+    for (int t = threadIdx.x; t < S::TOKENS; t += S::THREADS) {
+        const float* src = sums + (size_t)(tok0 + t) * (kp / MmaGroup<T>::COLS) + u0 * 8 / MmaGroup<T>::COLS;
+        u64 s, g = (u64)src;
+        asm("cvta.to.shared.u64 %0, %1;" : "=l"(s) : "l"(xsum + t * GROUPS));
+        if (GROUPS == 4)
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((u32)s), "l"(g) : "memory");
+        else
+            asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"((u32)s), "l"(g) : "memory");
+    }
+    cp_async_commit();
+}
+
+// This thread's weight rows of a tile (one per pass; a row past n_rows
+// reads the last one: its outputs are never stored).
+template <class S>
+struct Mma2Rows {
+    const u8* row[S::W_PASSES];
+    __device__ __forceinline__ Mma2Rows(const u8* w, u64 row_bytes, int n_rows) {
+#pragma unroll
+        for (int p = 0; p < S::W_PASSES; p++)
+            row[p] = w + (u64)min((int)(threadIdx.x + p * S::THREADS) / MMA_K_UNITS, n_rows - 1) * row_bytes;
+    }
+};
+
+// Loads k step u0's weight units into registers (mma_load's weight half,
+// without selects: units past u_end read the last unit and meet zero x,
+// so a finite code adds 0, and a chunk wholly past the end d * 0 + m * 0).
+template <class T, class S>
+__device__ __forceinline__ void mma2_load_w(const Mma2Rows<S>& rows, int u0, int u_end, MmaStage<S>& st) {
+    const int u = min(u0 + (int)(threadIdx.x % MMA_K_UNITS), u_end - 1);
+#pragma unroll
+    for (int p = 0; p < S::W_PASSES; p++) {
+        Unit un;
+        load_unit<T>(rows.row[p], u, un);
+#pragma unroll
+        for (int e = 0; e < 8; e++) st.q[p][e] = un.q[e];
+        st.a[p] = un.a;
+    }
+}
+
+// Four (or two) 8 x 8 bfloat16 matrices from shared memory into MMA
+// fragment registers: lane l gives the address of row l % 8 of matrix
+// l / 8, and register i receives row (lane / 4), words (lane % 4) of
+// matrix i, the layout of an mma.sync operand.
+// `a` is a shared-memory address (smem_addr).
+__device__ __forceinline__ void ldsm_x4(u32 (&r)[4], u32 a) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+__device__ __forceinline__ void ldsm_x2(u32 (&r)[2], u32 a) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(a));
+}
+// The shared-memory address of a generic pointer into shared memory.
+__device__ __forceinline__ u32 smem_addr(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+
+// acc += this warp's block of a step: per group of columns under one
+// (d, m), the three planes' products of its chunks into a fresh f32 tile
+// (small planes first), then acc += d * tile (+ m * sum(x)). Fragments by
+// ldmatrix: A of rows 16 mi .. as matrices (rows 0-7, 8-15) x (words 0-3,
+// 4-7); B of tokens 8 ni .. as (planes 2, 1) x (words 0-3, 4-7), then
+// plane 0's two.
+template <class T, int N8, int GROUPS>
+__device__ __forceinline__ void mma2_step(const u32* ws, const float2* wa, const u32* xs, int plane_words,
+                                          const float* xsum, float (&acc)[2][N8][4]) {
+    constexpr int CPG = MmaGroup<T>::COLS / 16;
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, m = lane >> 3, r8 = lane & 7;
+    // Byte addresses; the loops below add compile-time offsets.
+    const u32 a_lane = smem_addr(ws + (r8 + 8 * (m & 1)) * MMA_STRIDE + 4 * (m >> 1));
+    const u32 b_lane = smem_addr(xs + (2 - (m >> 1)) * plane_words + r8 * MMA_STRIDE + 4 * (m & 1));
+    const u32 b0_lane = smem_addr(xs + r8 * MMA_STRIDE + 4 * (m & 1));
+#pragma unroll
+    for (int grp = 0; grp < GROUPS; grp++) {
+        u32 a[CPG][2][4];
+        float2 aff[2][2];
+#pragma unroll
+        for (int cc = 0; cc < CPG; cc++)
+#pragma unroll
+            for (int mi = 0; mi < 2; mi++) ldsm_x4(a[cc][mi], a_lane + 4 * (16 * mi * MMA_STRIDE + 8 * (grp * CPG + cc)));
+#pragma unroll
+        for (int mi = 0; mi < 2; mi++) {
+            aff[mi][0] = wa[(16 * mi + g) * GROUPS + grp];
+            aff[mi][1] = wa[(16 * mi + g + 8) * GROUPS + grp];
+        }
+#pragma unroll
+        for (int ni = 0; ni < N8; ni++) {
+            float part[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+            for (int cc = 0; cc < CPG; cc++) {
+                const u32 off = 4 * (8 * ni * MMA_STRIDE + 8 * (grp * CPG + cc));
+                u32 b21[4], b0[2];
+                ldsm_x4(b21, b_lane + off);
+                ldsm_x2(b0, b0_lane + off);
+                const u32 b2[2] = {b21[0], b21[1]}, b1[2] = {b21[2], b21[3]};
+                mma_bf16(part[0], a[cc][0], b2);
+                mma_bf16(part[1], a[cc][1], b2);
+                mma_bf16(part[0], a[cc][0], b1);
+                mma_bf16(part[1], a[cc][1], b1);
+                mma_bf16(part[0], a[cc][0], b0);
+                mma_bf16(part[1], a[cc][1], b0);
+            }
+            mma_apply<T, N8>(acc, ni, part, aff, xsum + (8 * ni + 2 * t) * GROUPS + grp, GROUPS);
+        }
+    }
+}
+
+// CTA (x, y, z): weight rows S::ROWS x .., tokens S::TOKENS z .., units
+// y * units_per_split .. (a multiple of MMA_K_UNITS), as mma_gemm (same
+// arguments, outputs and split partials), but from the split x that
+// mma2_split_x wrote at `planes` for this shape's token tile.
+template <class T, int WM, int WN, int N8>
+__device__ __forceinline__ void mma2_gemm(const u8* __restrict__ w, u64 row_bytes, int row0, int n_rows, int k,
+                                          const u32* __restrict__ planes, int n_tok, int units_per_split,
+                                          float* __restrict__ out) {
+#if __CUDA_ARCH__ >= 800
+    if constexpr (CodesFitBf16<T>::value) {
+        using S = MmaShape<WM, WN, N8>;
+        using S2 = Mma2Shape<T, WM, WN, N8>;
+        constexpr int GROUPS = S2::GROUPS;
+        extern __shared__ __align__(16) u32 mma_smem[];
+        const int tile = blockIdx.x * S::ROWS, tok0 = blockIdx.z * S::TOKENS;
+        const int u_begin = blockIdx.y * units_per_split, u_end = min(k >> 3, u_begin + units_per_split);
+        const int w_rows = n_rows - tile, nt = min(S::TOKENS, n_tok - tok0);
+        // The split x's layout (mma2_split_x, launched for this shape).
+        const int kp = (k + MMA_K - 1) / MMA_K * MMA_K, rows = (n_tok + S::TOKENS - 1) / S::TOKENS * S::TOKENS;
+        const float* sums = (const float*)(planes + (size_t)3 * rows * (kp >> 1));
+        const u8* wt = w + (u64)(row0 + tile) * row_bytes;
+        // Weights are constants: the first step's units are asked for
+        // before waiting on the kernel that split x.
+        const Mma2Rows<S> wrows(wt, row_bytes, w_rows);
+        MmaStage<S> st;
+        mma2_load_w<T, S>(wrows, u_begin, u_end, st);
+        KERNEL_PROLOGUE();
+        u32* wbuf = mma_smem;
+        u32* xbuf = mma_smem + 2 * S2::W_BUF;
+        mma2_copy_x<T, S, GROUPS>(planes, sums, rows, kp, tok0, u_begin, xbuf);
+        const int warp = threadIdx.x >> 5, wm = warp % WM, wn = warp / WM;
+        float acc[2][N8][4];
+        zero_acc(acc);
+        for (int u0 = u_begin, i = 0; u0 < u_end; u0 += MMA_K_UNITS, i++) {
+            u32* ws = wbuf + (i & 1) * S2::W_BUF;
+            u32* xs = xbuf + (i & 1) * S2::X_BUF;
+            // Buffer i & 1 was last read in step i - 2, before every
+            // thread passed the previous step's barrier.
+            mma_store_w<S, MmaGroup<T>::COLS>(st, ws, (float2*)(ws + S::ROWS * MMA_STRIDE));
+            cp_async_wait<0>();
+            __syncthreads();  // step i's tiles are in place; step i - 1's buffers are free
+            if (u0 + MMA_K_UNITS < u_end) {
+                mma2_copy_x<T, S, GROUPS>(planes, sums, rows, kp, tok0, u0 + MMA_K_UNITS,
+                                          xbuf + ((i + 1) & 1) * S2::X_BUF);
+                mma2_load_w<T, S>(wrows, u0 + MMA_K_UNITS, u_end, st);
+            }
+            mma2_step<T, N8, GROUPS>(ws + 32 * wm * MMA_STRIDE, (const float2*)(ws + S::ROWS * MMA_STRIDE) + 32 * wm * GROUPS,
+                                     xs + 8 * N8 * wn * MMA_STRIDE, S::TOKENS * MMA_STRIDE,
+                                     (const float*)(xs + MMA_PLANES * S::TOKENS * MMA_STRIDE) + 8 * N8 * wn * GROUPS,
+                                     acc);
+        }
+        mma_write(acc, out + (size_t)blockIdx.y * n_tok * n_rows, n_rows, tile, w_rows, tok0, nt, wm, wn);
+    }
+#endif
+}
+
+#define KILN_MMA2(WM, WN, N8, NAME)                                                                              \
+    extern "C" __global__ void __launch_bounds__(32 * WM * WN)                                                    \
+        KILN_CAT(KILN_CAT(mma2_gemm, KILN_WEIGHT), NAME)(const u8* w, u64 row_bytes, int row0, int n_rows, int k, \
+                                                        const u32* planes, int n_tok, int units_per_split,         \
+                                                        float* out) {                                             \
+        mma2_gemm<KILN_WEIGHT, WM, WN, N8>(w, row_bytes, row0, n_rows, k, planes, n_tok, units_per_split, out);   \
+    }
+
+// The shapes of mma.cu's KILN_MMA (MMA_SHAPES in mma.rs).
+KILN_MMA2(2, 2, 1, m64n16)
+KILN_MMA2(2, 2, 2, m64n32)
+KILN_MMA2(2, 2, 4, m64n64)
+KILN_MMA2(4, 2, 4, m128n64)
