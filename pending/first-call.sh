@@ -5,6 +5,7 @@
 #
 # Here (build machine, NVRTC on LD_LIBRARY_PATH for the pack's compile test):
 #   bench/gpu-check --pack gpu-x/p && tar cJf gpu-x/p.tar.xz -C gpu-x p && rm -rf gpu-x/p
+#   pending/variants/build gpu-x/v    # the kernel variants, as KILN_CUDA_SOURCE_DIR units
 #   cp pending/first-call.sh gpu-x/
 # Device: run(command="bash gpu-x/first-call.sh", carry=["gpu-x"], timeout_s=590)
 set -u
@@ -26,6 +27,12 @@ done
  echo "matmul argmax KILN_CUDA_MMA_HEAD=1 rc=$? $(grep 'test result' $O/matmul-head.log)") &
 (KILN_CUDA_MMA=2 timeout 200 p/bin/matmul --test-threads=1 > $O/matmul-mma2.log 2>&1
  echo "matmul KILN_CUDA_MMA=2 rc=$? $(grep 'test result' $O/matmul-mma2.log)") &
+# The grouped decode GEMV (pending/variants/gemv-groups.patch): one-token
+# products and whole models against the CPU.
+for t in matmul synth; do
+    (KILN_CUDA_SOURCE_DIR=$D/v/gemv-groups timeout 200 p/bin/$t --test-threads=1 > $O/$t-gemv.log 2>&1
+     echo "$t gemv-groups rc=$? $(grep 'test result' $O/$t-gemv.log)") &
+done
 wait; echo "tests done at $(( $(date +%s) - T0 )) s"
 grep -hE "panicked|^---- " $O/*.log | head -8
 # 2. Where a batch-1 step and a 64-row step go (1B, 4B): not yet profiled.
@@ -34,8 +41,9 @@ for z in 1b 4b; do m=$S/gemma3-$z-q4_k_m.gguf
     KILN_CUDA_PROFILE=1 timeout 40 p/bin/batch_bench $m -b 64 -p 128 -n 16 -r 1 > $O/prof64-$z.log 2>&1
     echo "== $z batch 1"; grep -v '^\s*$' $O/prof1-$z.log | tail -22; echo "== $z batch 64"; grep -v '^\s*$' $O/prof64-$z.log | tail -22
 done
-# 3. Switches side by side: the tensor-core head, the split-x GEMM, the
-#    split target.
+# 3. Switches side by side: the grouped GEMV (batch 1), the tensor-core
+#    head, the split-x GEMM, the split target.
+BATCHES=1 timeout 150 $R/bench/gpu-ab $D/p/bin 270m,1b,4b "" "KILN_CUDA_SOURCE_DIR=$D/v/gemv-groups" 2>&1 | tee $O/ab-gemv.log
 BATCHES=1,8,16,64,128 DECODE=0 timeout $(( $(left) - 150 )) $R/bench/gpu-ab $D/p/bin 270m,1b,4b "" "KILN_CUDA_MMA_HEAD=1" "KILN_CUDA_MMA=2" "KILN_CUDA_MMA=2 KILN_CUDA_MMA_HEAD=1" 2>&1 | tee $O/ab-head.log
 [ $(left) -gt 100 ] && MATMUL=1 BATCHES=16,64 DECODE=0 timeout $(( $(left) - 10 )) $R/bench/gpu-ab $D/p/bin 1b,4b "" "KILN_CUDA_MMA=2" "KILN_CUDA_MMA_CTAS_PER_SM=occupancy" "KILN_CUDA_MMA_CTAS_PER_SM=2" 2>&1 | tee $O/ab-split.log
 tar czf $OUT/first-call.tgz -C /tmp out
