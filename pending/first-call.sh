@@ -43,7 +43,7 @@ for z in 1b 4b; do m=$S/gemma3-$z-q4_k_m.gguf
 done
 # 3. Switches side by side: the grouped GEMV (batch 1), the tensor-core
 #    head, the split-x GEMM, the split target.
-BATCHES=1 timeout 150 $R/bench/gpu-ab $D/p/bin 270m,1b,4b "" "KILN_CUDA_SOURCE_DIR=$D/v/gemv-groups" 2>&1 | tee $O/ab-gemv.log
-BATCHES=1,8,16,64,128 DECODE=0 timeout $(( $(left) - 150 )) $R/bench/gpu-ab $D/p/bin 270m,1b,4b "" "KILN_CUDA_MMA_HEAD=1" "KILN_CUDA_MMA=2" "KILN_CUDA_MMA=2 KILN_CUDA_MMA_HEAD=1" 2>&1 | tee $O/ab-head.log
+BATCHES=1 timeout 120 $R/bench/gpu-ab $D/p/bin 270m,1b,4b "" "KILN_CUDA_SOURCE_DIR=$D/v/gemv-groups" 2>&1 | tee $O/ab-gemv.log
+BATCHES=16,64 DECODE=0 timeout $(( $(left) - 60 )) $R/bench/gpu-ab $D/p/bin 1b,4b "" "KILN_CUDA_MMA_HEAD=1" "KILN_CUDA_MMA=2" "KILN_CUDA_MMA=2 KILN_CUDA_MMA_HEAD=1" 2>&1 | tee $O/ab-head.log
 [ $(left) -gt 100 ] && MATMUL=1 BATCHES=16,64 DECODE=0 timeout $(( $(left) - 10 )) $R/bench/gpu-ab $D/p/bin 1b,4b "" "KILN_CUDA_MMA=2" "KILN_CUDA_MMA_CTAS_PER_SM=occupancy" "KILN_CUDA_MMA_CTAS_PER_SM=2" 2>&1 | tee $O/ab-split.log
 tar czf $OUT/first-call.tgz -C /tmp out

@@ -331,6 +331,33 @@ __device__ __forceinline__ void mma_gemm(const u8* __restrict__ w, u64 row_bytes
 #endif
 }
 
+// Folds warp (wm, wn)'s dots of the row tile at `tile` into best[token]:
+// per token column the best of this lane's four rows, then of the eight
+// lanes (g) that share the column, then of the WM warps (shared-memory
+// atomics: order-free).
+template <int N8>
+__device__ __forceinline__ void mma_fold_best(const float (&acc)[2][N8][4], int tile, int n_rows, int nt, int wm,
+                                              int wn, u64* best) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int ni = 0; ni < N8; ni++)
+#pragma unroll
+        for (int odd = 0; odd < 2; odd++) {
+            u64 b = 0;
+#pragma unroll
+            for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+                for (int hi = 0; hi < 2; hi++) {
+                    const int r = tile + 32 * wm + 16 * mi + g + 8 * hi;
+                    if (r < n_rows) b = max_u64(b, argmax_key(acc[mi][ni][2 * hi + odd], (u32)r));
+                }
+#pragma unroll
+            for (int o = 4; o < 32; o <<= 1) b = max_u64(b, __shfl_xor_sync(FULL_MASK, b, o));
+            const int tt = 8 * N8 * wn + 8 * ni + 2 * t + odd;
+            if (g == 0 && tt < nt) atomicMax((unsigned long long*)&best[tt], (unsigned long long)b);
+        }
+}
+
 // The greedy head of a batch: CTA (x, 0, z) takes row tiles x, x +
 // gridDim.x, ... of all n_rows rows (whole rows: no split along k)
 // against tokens S::TOKENS z .., and writes each token's largest
@@ -348,32 +375,12 @@ __device__ __forceinline__ void mma_argmax(const u8* __restrict__ w, u64 row_byt
         for (int t = threadIdx.x; t < S::TOKENS; t += S::THREADS) best[t] = 0;  // visible after mma_tile's barrier
         KERNEL_PROLOGUE();
         const int warp = threadIdx.x >> 5, wm = warp % WM, wn = warp / WM;
-        const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
         for (int tile = blockIdx.x * S::ROWS; tile < n_rows; tile += gridDim.x * S::ROWS) {
             float acc[2][N8][4];
             zero_acc(acc);
             mma_tile<T, S, N8>(w + (u64)tile * row_bytes, row_bytes, n_rows - tile, k, x + (size_t)tok0 * k, nt, 0,
                                k >> 3, mma_smem, acc);
-            // Per token column: the best of this lane's four rows, then of
-            // the eight lanes (g) that share the column, then of the WM
-            // warps (shared-memory atomics: order-free).
-#pragma unroll
-            for (int ni = 0; ni < N8; ni++)
-#pragma unroll
-                for (int odd = 0; odd < 2; odd++) {
-                    u64 b = 0;
-#pragma unroll
-                    for (int mi = 0; mi < 2; mi++)
-#pragma unroll
-                        for (int hi = 0; hi < 2; hi++) {
-                            const int r = tile + 32 * wm + 16 * mi + g + 8 * hi;
-                            if (r < n_rows) b = max_u64(b, argmax_key(acc[mi][ni][2 * hi + odd], (u32)r));
-                        }
-#pragma unroll
-                    for (int o = 4; o < 32; o <<= 1) b = max_u64(b, __shfl_xor_sync(FULL_MASK, b, o));
-                    const int tt = 8 * N8 * wn + 8 * ni + 2 * t + odd;
-                    if (g == 0 && tt < nt) atomicMax((unsigned long long*)&best[tt], (unsigned long long)b);
-                }
+            mma_fold_best(acc, tile, n_rows, nt, wm, wn, best);
         }
         __syncthreads();
         for (int tt = threadIdx.x; tt < nt; tt += S::THREADS)

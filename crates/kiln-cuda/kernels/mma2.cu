@@ -196,6 +196,60 @@ __device__ __forceinline__ void mma2_step(const u32* ws, const float2* wa, const
     }
 }
 
+// acc = this warp's block of a weight tile (its rows in `wrows`) times the
+// split x tile of tokens tok0 .., over units u_begin .. u_end. The caller
+// has loaded the first step's weights into st (before waiting on the
+// kernel that split x: weights are constants).
+template <class T, int WM, int WN, int N8>
+__device__ __forceinline__ void mma2_tile(const Mma2Rows<MmaShape<WM, WN, N8>>& wrows,
+                                          MmaStage<MmaShape<WM, WN, N8>>& st, const u32* __restrict__ planes,
+                                          const float* __restrict__ sums, int rows, int kp, int tok0, int u_begin,
+                                          int u_end, float (&acc)[2][N8][4]) {
+    using S = MmaShape<WM, WN, N8>;
+    using S2 = Mma2Shape<T, WM, WN, N8>;
+    constexpr int GROUPS = S2::GROUPS;
+    extern __shared__ __align__(16) u32 mma_smem[];
+    u32* wbuf = mma_smem;
+    u32* xbuf = mma_smem + 2 * S2::W_BUF;
+    const int warp = threadIdx.x >> 5, wm = warp % WM, wn = warp / WM;
+    __syncthreads();  // a previous tile's last step has read the buffers
+    mma2_copy_x<T, S, GROUPS>(planes, sums, rows, kp, tok0, u_begin, xbuf);
+    zero_acc(acc);
+    for (int u0 = u_begin, i = 0; u0 < u_end; u0 += MMA_K_UNITS, i++) {
+        u32* ws = wbuf + (i & 1) * S2::W_BUF;
+        u32* xs = xbuf + (i & 1) * S2::X_BUF;
+        // Buffer i & 1 was last read in step i - 2, before every thread
+        // passed the previous step's barrier.
+        mma_store_w<S, MmaGroup<T>::COLS>(st, ws, (float2*)(ws + S::ROWS * MMA_STRIDE));
+        cp_async_wait<0>();
+        __syncthreads();  // step i's tiles are in place; step i - 1's buffers are free
+        if (u0 + MMA_K_UNITS < u_end) {
+            mma2_copy_x<T, S, GROUPS>(planes, sums, rows, kp, tok0, u0 + MMA_K_UNITS,
+                                      xbuf + ((i + 1) & 1) * S2::X_BUF);
+            mma2_load_w<T, S>(wrows, u0 + MMA_K_UNITS, u_end, st);
+        }
+        mma2_step<T, N8, GROUPS>(ws + 32 * wm * MMA_STRIDE, (const float2*)(ws + S::ROWS * MMA_STRIDE) + 32 * wm * GROUPS,
+                                 xs + 8 * N8 * wn * MMA_STRIDE, S::TOKENS * MMA_STRIDE,
+                                 (const float*)(xs + MMA_PLANES * S::TOKENS * MMA_STRIDE) + 8 * N8 * wn * GROUPS, acc);
+    }
+}
+
+// Where the split x of n_tok rows of k values lies for a tile of TOKENS
+// (mma2_split_x, launched for the same shape): padded rows and columns,
+// the sums after the planes.
+struct Mma2X {
+    int rows, kp;
+    const float* sums;
+    template <int TOKENS>
+    __device__ __forceinline__ static Mma2X at(const u32* planes, int n_tok, int k) {
+        Mma2X l;
+        l.kp = (k + MMA_K - 1) / MMA_K * MMA_K;
+        l.rows = (n_tok + TOKENS - 1) / TOKENS * TOKENS;
+        l.sums = (const float*)(planes + (size_t)3 * l.rows * (l.kp >> 1));
+        return l;
+    }
+};
+
 // CTA (x, y, z): weight rows S::ROWS x .., tokens S::TOKENS z .., units
 // y * units_per_split .. (a multiple of MMA_K_UNITS), as mma_gemm (same
 // arguments, outputs and split partials), but from the split x that
@@ -207,47 +261,49 @@ __device__ __forceinline__ void mma2_gemm(const u8* __restrict__ w, u64 row_byte
 #if __CUDA_ARCH__ >= 800
     if constexpr (CodesFitBf16<T>::value) {
         using S = MmaShape<WM, WN, N8>;
-        using S2 = Mma2Shape<T, WM, WN, N8>;
-        constexpr int GROUPS = S2::GROUPS;
-        extern __shared__ __align__(16) u32 mma_smem[];
         const int tile = blockIdx.x * S::ROWS, tok0 = blockIdx.z * S::TOKENS;
         const int u_begin = blockIdx.y * units_per_split, u_end = min(k >> 3, u_begin + units_per_split);
-        const int w_rows = n_rows - tile, nt = min(S::TOKENS, n_tok - tok0);
-        // The split x's layout (mma2_split_x, launched for this shape).
-        const int kp = (k + MMA_K - 1) / MMA_K * MMA_K, rows = (n_tok + S::TOKENS - 1) / S::TOKENS * S::TOKENS;
-        const float* sums = (const float*)(planes + (size_t)3 * rows * (kp >> 1));
-        const u8* wt = w + (u64)(row0 + tile) * row_bytes;
-        // Weights are constants: the first step's units are asked for
-        // before waiting on the kernel that split x.
-        const Mma2Rows<S> wrows(wt, row_bytes, w_rows);
+        const int w_rows = n_rows - tile;
+        const Mma2X xl = Mma2X::at<S::TOKENS>(planes, n_tok, k);
+        const Mma2Rows<S> wrows(w + (u64)(row0 + tile) * row_bytes, row_bytes, w_rows);
         MmaStage<S> st;
         mma2_load_w<T, S>(wrows, u_begin, u_end, st);
         KERNEL_PROLOGUE();
-        u32* wbuf = mma_smem;
-        u32* xbuf = mma_smem + 2 * S2::W_BUF;
-        mma2_copy_x<T, S, GROUPS>(planes, sums, rows, kp, tok0, u_begin, xbuf);
-        const int warp = threadIdx.x >> 5, wm = warp % WM, wn = warp / WM;
         float acc[2][N8][4];
-        zero_acc(acc);
-        for (int u0 = u_begin, i = 0; u0 < u_end; u0 += MMA_K_UNITS, i++) {
-            u32* ws = wbuf + (i & 1) * S2::W_BUF;
-            u32* xs = xbuf + (i & 1) * S2::X_BUF;
-            // Buffer i & 1 was last read in step i - 2, before every
-            // thread passed the previous step's barrier.
-            mma_store_w<S, MmaGroup<T>::COLS>(st, ws, (float2*)(ws + S::ROWS * MMA_STRIDE));
-            cp_async_wait<0>();
-            __syncthreads();  // step i's tiles are in place; step i - 1's buffers are free
-            if (u0 + MMA_K_UNITS < u_end) {
-                mma2_copy_x<T, S, GROUPS>(planes, sums, rows, kp, tok0, u0 + MMA_K_UNITS,
-                                          xbuf + ((i + 1) & 1) * S2::X_BUF);
-                mma2_load_w<T, S>(wrows, u0 + MMA_K_UNITS, u_end, st);
-            }
-            mma2_step<T, N8, GROUPS>(ws + 32 * wm * MMA_STRIDE, (const float2*)(ws + S::ROWS * MMA_STRIDE) + 32 * wm * GROUPS,
-                                     xs + 8 * N8 * wn * MMA_STRIDE, S::TOKENS * MMA_STRIDE,
-                                     (const float*)(xs + MMA_PLANES * S::TOKENS * MMA_STRIDE) + 8 * N8 * wn * GROUPS,
-                                     acc);
+        mma2_tile<T, WM, WN, N8>(wrows, st, planes, xl.sums, xl.rows, xl.kp, tok0, u_begin, u_end, acc);
+        const int warp = threadIdx.x >> 5;
+        mma_write(acc, out + (size_t)blockIdx.y * n_tok * n_rows, n_rows, tile, w_rows, tok0,
+                  min(S::TOKENS, n_tok - tok0), warp % WM, warp / WM);
+    }
+#endif
+}
+
+// mma_argmax from the split x: CTA (x, 0, z) takes row tiles x, x +
+// gridDim.x, ... whole and writes each token's best key to
+// partials[(tok0 + t) * gridDim.x + x].
+template <class T, int WM, int WN, int N8>
+__device__ __forceinline__ void mma2_argmax(const u8* __restrict__ w, u64 row_bytes, int n_rows, int k,
+                                            const u32* __restrict__ planes, int n_tok, u64* __restrict__ partials) {
+#if __CUDA_ARCH__ >= 800
+    if constexpr (CodesFitBf16<T>::value) {
+        using S = MmaShape<WM, WN, N8>;
+        __shared__ u64 best[S::TOKENS];
+        const int tok0 = blockIdx.z * S::TOKENS, nt = min(S::TOKENS, n_tok - tok0);
+        const Mma2X xl = Mma2X::at<S::TOKENS>(planes, n_tok, k);
+        for (int t = threadIdx.x; t < S::TOKENS; t += S::THREADS) best[t] = 0;  // visible after mma2_tile's barrier
+        KERNEL_PROLOGUE();
+        const int warp = threadIdx.x >> 5;
+        for (int tile = blockIdx.x * S::ROWS; tile < n_rows; tile += gridDim.x * S::ROWS) {
+            const Mma2Rows<S> wrows(w + (u64)tile * row_bytes, row_bytes, n_rows - tile);
+            MmaStage<S> st;
+            mma2_load_w<T, S>(wrows, 0, k >> 3, st);
+            float acc[2][N8][4];
+            mma2_tile<T, WM, WN, N8>(wrows, st, planes, xl.sums, xl.rows, xl.kp, tok0, 0, k >> 3, acc);
+            mma_fold_best(acc, tile, n_rows, nt, warp % WM, warp / WM, best);
         }
-        mma_write(acc, out + (size_t)blockIdx.y * n_tok * n_rows, n_rows, tile, w_rows, tok0, nt, wm, wn);
+        __syncthreads();
+        for (int tt = threadIdx.x; tt < nt; tt += S::THREADS)
+            partials[(size_t)(tok0 + tt) * gridDim.x + blockIdx.x] = best[tt];
     }
 #endif
 }
@@ -258,6 +314,11 @@ __device__ __forceinline__ void mma2_gemm(const u8* __restrict__ w, u64 row_byte
                                                         const u32* planes, int n_tok, int units_per_split,         \
                                                         float* out) {                                             \
         mma2_gemm<KILN_WEIGHT, WM, WN, N8>(w, row_bytes, row0, n_rows, k, planes, n_tok, units_per_split, out);   \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(32 * WM * WN)                                                    \
+        KILN_CAT(KILN_CAT(mma2_argmax, KILN_WEIGHT), NAME)(const u8* w, u64 row_bytes, int n_rows, int k,        \
+                                                          const u32* planes, int n_tok, u64* partials) {         \
+        mma2_argmax<KILN_WEIGHT, WM, WN, N8>(w, row_bytes, n_rows, k, planes, n_tok, partials);                   \
     }
 
 // The shapes of mma.cu's KILN_MMA (MMA_SHAPES in mma.rs).

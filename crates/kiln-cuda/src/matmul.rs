@@ -136,6 +136,7 @@ struct TypeKernels {
     /// `KILN_CUDA_MMA=2`: x split once per product, then the GEMM.
     mma2_split_x: CudaFunction,
     mma2: Vec<CudaFunction>,
+    mma2_argmax: Vec<CudaFunction>,
 }
 
 /// The packed-weight ops of [`crate::CudaBackend`].
@@ -478,7 +479,9 @@ impl Matmul {
                     let f = gpu.function(src, &name)?;
                     if self.tensor_cores {
                         let bytes = match op {
-                            "mma2_gemm" => mma2_smem_bytes(rows, tokens, mma_group(w.ty)),
+                            "mma2_gemm" | "mma2_argmax" => {
+                                mma2_smem_bytes(rows, tokens, mma_group(w.ty))
+                            }
                             _ => mma_smem_bytes(rows, tokens),
                         } as i32;
                         f.set_attribute(MAX_DYNAMIC_SMEM, bytes)
@@ -507,6 +510,7 @@ impl Matmul {
             mma_argmax: mma_kernels("mma_argmax")?,
             mma2_split_x: get("mma2_split_x")?,
             mma2: mma_kernels("mma2_gemm")?,
+            mma2_argmax: mma_kernels("mma2_argmax")?,
         });
         map.insert(w.ty, k.clone());
         Ok(k)

@@ -10,7 +10,7 @@
 //! rows to `mma2_gemm` (mma2.cu: x split once per product, ~30% fewer
 //! instructions per k step by the SASS), not yet timed on a GPU.
 
-use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig};
+use cudarc::driver::{CudaFunction, CudaSlice, CudaView, DevicePtr, LaunchConfig};
 use kiln_model::{ModelError, Result};
 use kiln_quant::GgmlType;
 
@@ -209,7 +209,7 @@ impl Matmul {
         n_tok: usize,
         out: &mut CudaSlice<f32>,
     ) -> Result<bool> {
-        if mma_mode() != MmaMode::Split || n_tok > MMA2_MAX_TOKENS || w.cols > MMA2_MAX_K {
+        if !self.mma2_fits(w, n_tok) {
             return Ok(false);
         }
         let shape = mma_shape(n_tok, n_rows, self.sms);
@@ -218,14 +218,46 @@ impl Matmul {
         let smem_bytes = mma2_smem_bytes(tile_rows, tokens, group);
         let f = &k.mma2[shape];
         let mut guard = self.mma2_x.lock().unwrap_or_else(|e| e.into_inner());
-        let ws = match guard.as_mut() {
+        let ws = self.split_x(gpu, k, w, &x.slice(..), n_tok, tokens, &mut guard)?;
+        // One wave of resident CTAs unless told otherwise (mma_gemm's
+        // default over-splits: pending/README.md).
+        let plan = mma_plan(f, MMA_SHAPES[shape], smem_bytes, None)?;
+        // The split x in place of x: mma2_gemm takes the same arguments.
+        self.launch_tiled(gpu, k, w, (row0, n_rows), ws, n_tok, out, plan)?;
+        Ok(true)
+    }
+
+    /// Whether `n_tok` rows of `w` take the split-x kernels
+    /// (`KILN_CUDA_MMA=2` and within the workspace).
+    fn mma2_fits(&self, w: &CudaWeight, n_tok: usize) -> bool {
+        mma_mode() == MmaMode::Split && n_tok <= MMA2_MAX_TOKENS && w.cols <= MMA2_MAX_K
+    }
+
+    /// Splits rows `row0 ..` of x (`n_tok` of `w.cols` values) into the
+    /// workspace in `guard` (allocated on first use) for tiles of `tokens`
+    /// (`mma2_split_x`), and returns the workspace.
+    #[allow(clippy::too_many_arguments)]
+    fn split_x<'g>(
+        &self,
+        gpu: &Gpu,
+        k: &TypeKernels,
+        w: &CudaWeight,
+        x: &CudaView<'_, f32>,
+        n_tok: usize,
+        tokens: usize,
+        guard: &'g mut Option<CudaSlice<f32>>,
+    ) -> Result<&'g CudaSlice<f32>> {
+        let ws = match guard {
             Some(ws) => ws,
             // Before any capture: the warm-up run of a step (run_step
             // runs it plainly first) allocates it.
             None => guard.insert(gpu.alloc::<f32>(MMA2_WORDS, "split x workspace")?),
         };
-        let (rows, kp) = (n_tok.next_multiple_of(tokens), w.cols.next_multiple_of(64));
-        let what = format!("tiled GEMM on {}", w.name);
+        let (rows, kp, group) = (
+            n_tok.next_multiple_of(tokens),
+            w.cols.next_multiple_of(64),
+            mma_group(w.ty),
+        );
         let (cols, n_tok_i) = (as_i32("cols", w.cols)?, as_i32("tokens", n_tok)?);
         let (rows_i, kp_i, group_i) = (as_i32("rows", rows)?, as_i32("cols", kp)?, group as i32);
         let cfg = grid(
@@ -235,16 +267,12 @@ impl Matmul {
         // Reads n_tok * cols of x (checked by the caller); writes 3 * rows *
         // kp / 2 + rows * kp / group <= MMA2_WORDS words (rows: n_tok <=
         // MMA2_MAX_TOKENS rounded up to a token tile, which divides it; kp
-        // <= MMA2_MAX_K, a multiple of 64). mma2_gemm finds the sums after
-        // the planes.
-        launch!(gpu, &k.mma2_split_x, cfg, &what;
-            gpu.ptr(x, 0), n_tok_i, cols, rows_i, kp_i, group_i, gpu.ptr(ws, 0), gpu.ptr(ws, 3 * rows * kp / 2))?;
-        // One wave of resident CTAs unless told otherwise (mma_gemm's
-        // default over-splits: pending/README.md).
-        let plan = mma_plan(f, MMA_SHAPES[shape], smem_bytes, None)?;
-        // The split x in place of x: mma2_gemm takes the same arguments.
-        self.launch_tiled(gpu, k, w, (row0, n_rows), ws, n_tok, out, plan)?;
-        Ok(true)
+        // <= MMA2_MAX_K, a multiple of 64). The kernels find the sums
+        // after the planes.
+        let (xp, _guard) = x.device_ptr(&gpu.stream);
+        launch!(gpu, &k.mma2_split_x, cfg, &format!("split x for {}", w.name);
+            xp, n_tok_i, cols, rows_i, kp_i, group_i, gpu.ptr(ws, 0), gpu.ptr(ws, 3 * rows * kp / 2))?;
+        Ok(ws)
     }
 
     /// `out[t, r] = Σ_c x[t, c] · W[row0 + r, c]` on the tensor cores
@@ -298,8 +326,14 @@ impl Matmul {
     ) -> Result<()> {
         let shape = mma_shape(n, w.rows, self.sms);
         let (name, rows, tokens, threads) = MMA_SHAPES[shape];
-        let smem_bytes = mma_smem_bytes(rows, tokens);
-        let f = &k.mma_argmax[shape];
+        let split = self.mma2_fits(w, n);
+        let (f, smem_bytes) = match split {
+            true => (
+                &k.mma2_argmax[shape],
+                mma2_smem_bytes(rows, tokens, mma_group(w.ty)),
+            ),
+            false => (&k.mma_argmax[shape], mma_smem_bytes(rows, tokens)),
+        };
         let resident = f
             .occupancy_max_active_blocks_per_multiprocessor(threads, smem_bytes, None)
             .map_err(|e| cuda_err(&format!("occupancy of mma_argmax {name}"), e))?
@@ -326,11 +360,20 @@ impl Matmul {
         let what = format!("argmax on {}", w.name);
         let (n_rows, cols) = (as_i32("rows", w.rows)?, as_i32("cols", w.cols)?);
         let n_i = as_i32("argmax rows", n)?;
-        // Reads every weight row and h rows row0..row0+n (checked); writes
-        // n * ctas <= partials.len() partials.
+        let mut guard = self.mma2_x.lock().unwrap_or_else(|e| e.into_inner());
+        let hp = match split {
+            // The split x in place of h: mma2_argmax takes the same arguments.
+            true => {
+                let rows_h = h.slice(row0 * w.cols..(row0 + n) * w.cols);
+                gpu.ptr(self.split_x(gpu, k, w, &rows_h, n, tokens, &mut guard)?, 0)
+            }
+            false => gpu.ptr(h, row0 * w.cols),
+        };
+        // Reads every weight row and h rows row0..row0+n (checked), or
+        // their split; writes n * ctas <= partials.len() partials.
         launch!(gpu, f, cfg, &what;
-            gpu.ptr(&w.data, 0), w.row_bytes as u64, n_rows, cols, gpu.ptr(h, row0 * w.cols), n_i,
-            gpu.ptr(&self.partials, 0))?;
+            gpu.ptr(&w.data, 0), w.row_bytes as u64, n_rows, cols, hp, n_i, gpu.ptr(&self.partials, 0))?;
+        drop(guard);
         let cfg = grid((n, 1), FINISH_BLOCK);
         let slot0 = as_i32("slot", slot0)?;
         // Reads the n * ctas partials just written, writes ids[slot0..slot0+n]
