@@ -32,6 +32,8 @@ done
 for t in matmul synth; do
     (KILN_CUDA_SOURCE_DIR=$D/v/gemv-groups timeout 200 p/bin/$t --test-threads=1 > $O/$t-gemv.log 2>&1
      echo "$t gemv-groups rc=$? $(grep 'test result' $O/$t-gemv.log)") &
+    (KILN_CUDA_GEMV=qdot timeout 200 p/bin/$t --test-threads=1 > $O/$t-qdot.log 2>&1
+     echo "$t KILN_CUDA_GEMV=qdot rc=$? $(grep 'test result' $O/$t-qdot.log)") &
 done
 wait; echo "tests done at $(( $(date +%s) - T0 )) s"
 grep -hE "panicked|^---- " $O/*.log | head -8
@@ -41,9 +43,9 @@ for z in 1b 4b; do m=$S/gemma3-$z-q4_k_m.gguf
     KILN_CUDA_PROFILE=1 timeout 40 p/bin/batch_bench $m -b 64 -p 128 -n 16 -r 1 > $O/prof64-$z.log 2>&1
     echo "== $z batch 1"; grep -v '^\s*$' $O/prof1-$z.log | tail -22; echo "== $z batch 64"; grep -v '^\s*$' $O/prof64-$z.log | tail -22
 done
-# 3. Switches side by side: the grouped GEMV (batch 1), the tensor-core
+# 3. Switches side by side: the grouped and the integer-dot GEMV (batch 1), the tensor-core
 #    head, the split-x GEMM, the split target.
-BATCHES=1 timeout 120 $R/bench/gpu-ab $D/p/bin 270m,1b,4b "" "KILN_CUDA_SOURCE_DIR=$D/v/gemv-groups" 2>&1 | tee $O/ab-gemv.log
+BATCHES=1 timeout 150 $R/bench/gpu-ab $D/p/bin 270m,1b,4b "" "KILN_CUDA_SOURCE_DIR=$D/v/gemv-groups" "KILN_CUDA_GEMV=qdot" 2>&1 | tee $O/ab-gemv.log
 BATCHES=16,64 DECODE=0 timeout $(( $(left) - 60 )) $R/bench/gpu-ab $D/p/bin 1b,4b "" "KILN_CUDA_MMA_HEAD=1" "KILN_CUDA_MMA=2" "KILN_CUDA_MMA=2 KILN_CUDA_MMA_HEAD=1" 2>&1 | tee $O/ab-head.log
 [ $(left) -gt 100 ] && MATMUL=1 BATCHES=16,64 DECODE=0 timeout $(( $(left) - 10 )) $R/bench/gpu-ab $D/p/bin 1b,4b "" "KILN_CUDA_MMA=2" "KILN_CUDA_MMA_CTAS_PER_SM=occupancy" "KILN_CUDA_MMA_CTAS_PER_SM=2" 2>&1 | tee $O/ab-split.log
 tar czf $OUT/first-call.tgz -C /tmp out

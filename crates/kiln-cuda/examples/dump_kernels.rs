@@ -9,12 +9,13 @@
 use std::path::Path;
 
 /// The files `concat!` builds the units from (src/*.rs), by name.
-const FILES: [(&str, &str); 11] = [
+const FILES: [(&str, &str); 12] = [
     ("common.cuh", include_str!("../kernels/common.cuh")),
     ("quant.cuh", include_str!("../kernels/quant.cuh")),
     ("matmul.cu", include_str!("../kernels/matmul.cu")),
     ("skinny.cu", include_str!("../kernels/skinny.cu")),
     ("stream.cu", include_str!("../kernels/stream.cu")),
+    ("qdot.cu", include_str!("../kernels/qdot.cu")),
     ("mma.cu", include_str!("../kernels/mma.cu")),
     ("mma2.cu", include_str!("../kernels/mma2.cu")),
     ("attention.cu", include_str!("../kernels/attention.cu")),

@@ -82,6 +82,10 @@ __device__ __forceinline__ void code_floats(uint2 codes, float bias, float* q) {
                (8388608.0f + bias);
 }
 
+// Each quantized type gives raw(b, j), unit j's eight codes as bytes, and
+// BIAS: element i weighs d * (code_i - BIAS) + m, and codes() is their
+// floats (the integer dot products of qdot.cu use the bytes themselves).
+
 // ---- legacy 32-element blocks ---------------------------------------------
 // Element e of Q4_x / Q5_x sits in byte e % 16 of qs, low nibble for e < 16:
 // unit j reads bytes 8 (j & 1) .. +8 and nibble j >> 1. In Q5_x, bit e of
@@ -91,9 +95,11 @@ __device__ __forceinline__ void code_floats(uint2 codes, float bias, float* q) {
 struct q4_0 {
     static constexpr int QK = 32, BYTES = 18;
     static constexpr bool HAS_MIN = false;
-    static __device__ __forceinline__ void codes(const u8* b, int j, float* q) {
-        code_floats(bytes_field(ld_8_a2(b + 2 + 8 * (j & 1)), 4 * (j >> 1), 0xF), 8.0f, q);
+    static constexpr float BIAS = 8.0f;
+    static __device__ __forceinline__ uint2 raw(const u8* b, int j) {
+        return bytes_field(ld_8_a2(b + 2 + 8 * (j & 1)), 4 * (j >> 1), 0xF);
     }
+    static __device__ __forceinline__ void codes(const u8* b, int j, float* q) { code_floats(raw(b, j), BIAS, q); }
     static __device__ __forceinline__ Affine affine(const u8* b, int) { return {f16_to_f32(ld_u16(b)), 0.0f}; }
 };
 
@@ -101,9 +107,11 @@ struct q4_0 {
 struct q4_1 {
     static constexpr int QK = 32, BYTES = 20;
     static constexpr bool HAS_MIN = true;
-    static __device__ __forceinline__ void codes(const u8* b, int j, float* q) {
-        code_floats(bytes_field(ld_8_a4(b + 4 + 8 * (j & 1)), 4 * (j >> 1), 0xF), 0.0f, q);
+    static constexpr float BIAS = 0.0f;
+    static __device__ __forceinline__ uint2 raw(const u8* b, int j) {
+        return bytes_field(ld_8_a4(b + 4 + 8 * (j & 1)), 4 * (j >> 1), 0xF);
     }
+    static __device__ __forceinline__ void codes(const u8* b, int j, float* q) { code_floats(raw(b, j), BIAS, q); }
     static __device__ __forceinline__ Affine affine(const u8* b, int) {
         return {f16_to_f32(ld_u16(b)), f16_to_f32(ld_u16(b + 2))};
     }
@@ -118,9 +126,11 @@ __device__ __forceinline__ uint2 q5_codes(uint2 qs8, u32 qh, int j) {
 struct q5_0 {
     static constexpr int QK = 32, BYTES = 22;
     static constexpr bool HAS_MIN = false;
-    static __device__ __forceinline__ void codes(const u8* b, int j, float* q) {
-        code_floats(q5_codes(ld_8_a2(b + 6 + 8 * (j & 1)), ld_u32_a2(b + 2), j), 16.0f, q);
+    static constexpr float BIAS = 16.0f;
+    static __device__ __forceinline__ uint2 raw(const u8* b, int j) {
+        return q5_codes(ld_8_a2(b + 6 + 8 * (j & 1)), ld_u32_a2(b + 2), j);
     }
+    static __device__ __forceinline__ void codes(const u8* b, int j, float* q) { code_floats(raw(b, j), BIAS, q); }
     static __device__ __forceinline__ Affine affine(const u8* b, int) { return {f16_to_f32(ld_u16(b)), 0.0f}; }
 };
 
@@ -128,9 +138,11 @@ struct q5_0 {
 struct q5_1 {
     static constexpr int QK = 32, BYTES = 24;
     static constexpr bool HAS_MIN = true;
-    static __device__ __forceinline__ void codes(const u8* b, int j, float* q) {
-        code_floats(q5_codes(ld_8_a8(b + 8 + 8 * (j & 1)), ld_u32(b + 4), j), 0.0f, q);
+    static constexpr float BIAS = 0.0f;
+    static __device__ __forceinline__ uint2 raw(const u8* b, int j) {
+        return q5_codes(ld_8_a8(b + 8 + 8 * (j & 1)), ld_u32(b + 4), j);
     }
+    static __device__ __forceinline__ void codes(const u8* b, int j, float* q) { code_floats(raw(b, j), BIAS, q); }
     static __device__ __forceinline__ Affine affine(const u8* b, int) {
         return {f16_to_f32(ld_u16(b)), f16_to_f32(ld_u16(b + 2))};
     }
@@ -141,10 +153,12 @@ struct q5_1 {
 struct q8_0 {
     static constexpr int QK = 32, BYTES = 34;
     static constexpr bool HAS_MIN = false;
-    static __device__ __forceinline__ void codes(const u8* b, int j, float* q) {
+    static constexpr float BIAS = 128.0f;
+    static __device__ __forceinline__ uint2 raw(const u8* b, int j) {
         const uint2 v = ld_8_a2(b + 2 + 8 * j);
-        code_floats(make_uint2(v.x ^ 0x80808080u, v.y ^ 0x80808080u), 128.0f, q);
+        return make_uint2(v.x ^ 0x80808080u, v.y ^ 0x80808080u);
     }
+    static __device__ __forceinline__ void codes(const u8* b, int j, float* q) { code_floats(raw(b, j), BIAS, q); }
     static __device__ __forceinline__ Affine affine(const u8* b, int) { return {f16_to_f32(ld_u16(b)), 0.0f}; }
 };
 
@@ -158,11 +172,13 @@ struct q8_0 {
 struct q2_k {
     static constexpr int QK = 256, BYTES = 84;
     static constexpr bool HAS_MIN = true;
-    static __device__ __forceinline__ void codes(const u8* b, int j, float* q) {
+    static constexpr float BIAS = 0.0f;
+    static __device__ __forceinline__ uint2 raw(const u8* b, int j) {
         const int g = j >> 1;
         const uint2 qs = ld_8_a4(b + 16 + 32 * (g >> 3) + 16 * (g & 1) + 8 * (j & 1));
-        code_floats(bytes_field(qs, 2 * ((g & 7) >> 1), 3), 0.0f, q);
+        return bytes_field(qs, 2 * ((g & 7) >> 1), 3);
     }
+    static __device__ __forceinline__ void codes(const u8* b, int j, float* q) { code_floats(raw(b, j), BIAS, q); }
     static __device__ __forceinline__ Affine affine(const u8* b, int j) {
         const u32 sc = b[j >> 1];
         return {f16_to_f32(ld_u16(b + 80)) * (float)(sc & 0xF), -(f16_to_f32(ld_u16(b + 82)) * (float)(sc >> 4))};
@@ -177,13 +193,15 @@ struct q2_k {
 struct q3_k {
     static constexpr int QK = 256, BYTES = 110;
     static constexpr bool HAS_MIN = false;
-    static __device__ __forceinline__ void codes(const u8* b, int j, float* q) {
+    static constexpr float BIAS = 4.0f;
+    static __device__ __forceinline__ uint2 raw(const u8* b, int j) {
         const int g = j >> 1;
         const int l0 = 16 * (g & 1) + 8 * (j & 1);
         const uint2 low = bytes_field(ld_8_a2(b + 32 + 32 * (g >> 3) + l0), 2 * ((g & 7) >> 1), 3);
         const uint2 high = bytes_field(ld_8_a2(b + l0), g >> 1, 1);
-        code_floats(bytes_or(low, bytes_shl(high, 2)), 4.0f, q);
+        return bytes_or(low, bytes_shl(high, 2));
     }
+    static __device__ __forceinline__ void codes(const u8* b, int j, float* q) { code_floats(raw(b, j), BIAS, q); }
     static __device__ __forceinline__ Affine affine(const u8* b, int j) {
         const int g = j >> 1;
         const u8* s = b + 96;
@@ -215,10 +233,12 @@ __device__ __forceinline__ Affine k4_affine(const u8* b, int g) {
 struct q4_k {
     static constexpr int QK = 256, BYTES = 144;
     static constexpr bool HAS_MIN = true;
-    static __device__ __forceinline__ void codes(const u8* b, int j, float* q) {
+    static constexpr float BIAS = 0.0f;
+    static __device__ __forceinline__ uint2 raw(const u8* b, int j) {
         const int g = j >> 2;
-        code_floats(bytes_field(ld_8_a8(b + 16 + 32 * (g >> 1) + 8 * (j & 3)), 4 * (g & 1), 0xF), 0.0f, q);
+        return bytes_field(ld_8_a8(b + 16 + 32 * (g >> 1) + 8 * (j & 3)), 4 * (g & 1), 0xF);
     }
+    static __device__ __forceinline__ void codes(const u8* b, int j, float* q) { code_floats(raw(b, j), BIAS, q); }
     static __device__ __forceinline__ Affine affine(const u8* b, int j) { return k4_affine(b, j >> 2); }
 };
 
@@ -227,13 +247,15 @@ struct q4_k {
 struct q5_k {
     static constexpr int QK = 256, BYTES = 176;
     static constexpr bool HAS_MIN = true;
-    static __device__ __forceinline__ void codes(const u8* b, int j, float* q) {
+    static constexpr float BIAS = 0.0f;
+    static __device__ __forceinline__ uint2 raw(const u8* b, int j) {
         const int g = j >> 2;
         const int l0 = 8 * (j & 3);
         const uint2 low = bytes_field(ld_8_a8(b + 48 + 32 * (g >> 1) + l0), 4 * (g & 1), 0xF);
         const uint2 high = bytes_field(ld_8_a8(b + 16 + l0), g, 1);
-        code_floats(bytes_or(low, bytes_shl(high, 4)), 0.0f, q);
+        return bytes_or(low, bytes_shl(high, 4));
     }
+    static __device__ __forceinline__ void codes(const u8* b, int j, float* q) { code_floats(raw(b, j), BIAS, q); }
     static __device__ __forceinline__ Affine affine(const u8* b, int j) { return k4_affine(b, j >> 2); }
 };
 
@@ -244,14 +266,16 @@ struct q5_k {
 struct q6_k {
     static constexpr int QK = 256, BYTES = 210;
     static constexpr bool HAS_MIN = false;
-    static __device__ __forceinline__ void codes(const u8* b, int j, float* q) {
+    static constexpr float BIAS = 32.0f;
+    static __device__ __forceinline__ uint2 raw(const u8* b, int j) {
         const int g = j >> 1;
         const int h = g >> 3, k = (g & 7) >> 1;
         const int l0 = 16 * (g & 1) + 8 * (j & 1);
         const uint2 low = bytes_field(ld_8_a2(b + 64 * h + 32 * (k & 1) + l0), 4 * (k >> 1), 0xF);
         const uint2 high = bytes_field(ld_8_a2(b + 128 + 32 * h + l0), 2 * k, 3);
-        code_floats(bytes_or(low, bytes_shl(high, 4)), 32.0f, q);
+        return bytes_or(low, bytes_shl(high, 4));
     }
+    static __device__ __forceinline__ void codes(const u8* b, int j, float* q) { code_floats(raw(b, j), BIAS, q); }
     static __device__ __forceinline__ Affine affine(const u8* b, int j) {
         return {f16_to_f32(ld_u16(b + 208)) * (float)(int)(signed char)b[192 + (j >> 1)], 0.0f};
     }

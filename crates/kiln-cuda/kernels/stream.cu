@@ -136,10 +136,20 @@ __device__ __forceinline__ void stage_dots(const u8* rows, u64 row_bytes, int n,
         for (int t = 0; t < NT; t++) acc[r][t] = warp_sum(acc[r][t]);
 }
 
+// The dots of a warp's rows: stage_dots (f32 x), or qdot.cu's integer
+// dots on x split into int8 planes.
+struct F32Dots {
+    template <class T, int NT, int R>
+    static __device__ __forceinline__ void run(const u8* rows, u64 row_bytes, int n, int k, const float* x, int n_tok,
+                                               float (&acc)[R][NT]) {
+        stage_dots<T, NT, R>(rows, row_bytes, n, k, x, n_tok, acc);
+    }
+};
+
 // Streams rows 0 .. n_rows of `w` through shared memory and calls
 // `visit(row, t, dot)` for each row's dot with x row t < n_tok, in every
 // lane of the warp that computed it.
-template <class T, int NT, int R, class Visit>
+template <class T, int NT, int R, class Dots = F32Dots, class Visit>
 __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, u64 row_bytes, const u8* end, int n_rows,
                                             int k, int tile_rows, u32 stage_bytes, const float* __restrict__ x,
                                             int n_tok, Visit visit) {
@@ -163,7 +173,8 @@ __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, u64 row_by
         const u8* rows = stages + (i & 1) * stage_bytes + s.offset;
         for (int g = warp * R; g < (int)s.rows; g += STREAM_WARPS * R) {
             float acc[R][NT];
-            stage_dots<T, NT, R>(rows + (u64)g * row_bytes, row_bytes, min(R, (int)s.rows - g), k, x, n_tok, acc);
+            Dots::template run<T, NT, R>(rows + (u64)g * row_bytes, row_bytes, min(R, (int)s.rows - g), k, x, n_tok,
+                                         acc);
 #pragma unroll
             for (int r = 0; r < R; r++)
 #pragma unroll
@@ -175,12 +186,12 @@ __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, u64 row_by
 }
 
 // out[r] = dot(W[row0 + r], x) for r < n_rows.
-template <class T, int R>
+template <class T, int R, class Dots = F32Dots>
 __device__ __forceinline__ void stream_matvec(const u8* __restrict__ w, u64 row_bytes, const u8* end, int row0,
                                               int n_rows, int k, int tile_rows, u32 stage_bytes,
                                               const float* __restrict__ x, float* __restrict__ out) {
     const int lane = threadIdx.x & 31;
-    stream_rows<T, 1, R>(w + (u64)row0 * row_bytes, row_bytes, end, n_rows, k, tile_rows, stage_bytes, x, 1,
+    stream_rows<T, 1, R, Dots>(w + (u64)row0 * row_bytes, row_bytes, end, n_rows, k, tile_rows, stage_bytes, x, 1,
                          [&](int row, int, float dot) {
                              if (lane == 0) out[row] = dot;
                          });
@@ -197,14 +208,14 @@ constexpr int HEAD_MAX_TOKENS = 8;
 // order-free, so deterministic); the last CTA to finish (counted in
 // cell[HEAD_MAX_TOKENS]) writes the ids and zeroes the cells for the next
 // launch.
-template <class T, int NT, int R>
+template <class T, int NT, int R, class Dots = F32Dots>
 __device__ __forceinline__ void stream_argmax(const u8* __restrict__ w, u64 row_bytes, const u8* end, int n_rows,
                                               int k, int tile_rows, u32 stage_bytes, const float* __restrict__ x,
                                               int n_tok, u64* cell, u32* ids, int slot) {
     u64 best[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) best[t] = 0;
-    stream_rows<T, NT, R>(w, row_bytes, end, n_rows, k, tile_rows, stage_bytes, x, n_tok,
+    stream_rows<T, NT, R, Dots>(w, row_bytes, end, n_rows, k, tile_rows, stage_bytes, x, n_tok,
                           [&](int row, int t, float dot) { best[t] = max_u64(best[t], argmax_key(dot, (u32)row)); });
     __shared__ u64 warp_best[STREAM_WARPS][NT];
     if ((threadIdx.x & 31) == 0)

@@ -54,6 +54,7 @@ macro_rules! sources {
                     include_str!("../kernels/matmul.cu"),
                     include_str!("../kernels/skinny.cu"),
                     include_str!("../kernels/stream.cu"),
+                    include_str!("../kernels/qdot.cu"),
                     include_str!("../kernels/mma.cu"),
                     include_str!("../kernels/mma2.cu"),
                 ),
@@ -137,6 +138,11 @@ struct TypeKernels {
     mma2_split_x: CudaFunction,
     mma2: Vec<CudaFunction>,
     mma2_argmax: Vec<CudaFunction>,
+    /// `KILN_CUDA_GEMV=qdot` (stream.rs): x split into int8 planes, then
+    /// the GEMV and head of one row on integer dot products.
+    qx_split: CudaFunction,
+    qdot_matvec: Vec<CudaFunction>,
+    qdot_argmax: Vec<CudaFunction>,
 }
 
 /// The packed-weight ops of [`crate::CudaBackend`].
@@ -160,6 +166,8 @@ pub(crate) struct Matmul {
     workspace: Mutex<Option<CudaSlice<f32>>>,
     /// `mma2_gemm`'s split x (mma.rs), allocated on first use.
     mma2_x: Mutex<Option<CudaSlice<f32>>>,
+    /// The qdot kernels' split x (stream.rs), allocated on first use.
+    qx: Mutex<Option<CudaSlice<f32>>>,
 }
 
 /// `KILN_CUDA_SKINNY=0` sends 2..=8 token rows to the per-warp `matvec`
@@ -221,6 +229,7 @@ impl Matmul {
             tensor_cores,
             workspace: Mutex::new(None),
             mma2_x: Mutex::new(None),
+            qx: Mutex::new(None),
         })
     }
 
@@ -511,6 +520,9 @@ impl Matmul {
             mma2_split_x: get("mma2_split_x")?,
             mma2: mma_kernels("mma2_gemm")?,
             mma2_argmax: mma_kernels("mma2_argmax")?,
+            qx_split: get("qx_split")?,
+            qdot_matvec: streamed("qdot_matvec")?,
+            qdot_argmax: streamed("qdot_argmax")?,
         });
         map.insert(w.ty, k.clone());
         Ok(k)

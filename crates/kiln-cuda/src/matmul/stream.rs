@@ -5,7 +5,7 @@
 //! asynchronous copies, the first tile requested before the kernel waits
 //! for the one that writes x.
 
-use cudarc::driver::{CudaSlice, LaunchConfig};
+use cudarc::driver::{CudaSlice, CudaView, DevicePtr, LaunchConfig};
 use kiln_model::Result;
 
 use super::{as_i32, Matmul, TypeKernels};
@@ -41,6 +41,20 @@ const GEMV_TILES_PER_SM: usize = 4;
 /// Rows per tile the warps split evenly: up to one row each, else one
 /// group of R = 2 or 4 rows each.
 const TILE_ROWS: [usize; 6] = [16, 8, 4, 3, 2, 1];
+
+/// `KILN_CUDA_GEMV=qdot`: one-token products and heads of quantized
+/// weights take qdot.cu's integer dot products on x split into three int8
+/// planes (the CPU VNNI path's exact scheme). Not yet timed on a GPU
+/// (written 2026-12-05 while none was lent): off by default.
+pub(super) fn qdot_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("KILN_CUDA_GEMV").is_ok_and(|v| v.trim() == "qdot"))
+}
+
+/// Longest rows the split x workspace holds, and its size in floats:
+/// three int8 planes, a scale per 32 values and a sum per 16.
+const QDOT_MAX_K: usize = 16_384;
+pub(super) const QX_FLOATS: usize = QDOT_MAX_K * 3 / 4 + QDOT_MAX_K / 32 + QDOT_MAX_K / 16;
 
 /// `KILN_CUDA_STREAM=0` sends one-token products to the register-only
 /// kernels of matmul.cu instead (for A/B timing).
@@ -168,12 +182,54 @@ impl Matmul {
         };
         let (row0, rows) = (as_i32("row0", row0)?, as_i32("rows", n_rows)?);
         let (cols, tile_rows) = (as_i32("cols", w.cols)?, plan.tile_rows as i32);
+        let mut guard = self.qx.lock().unwrap_or_else(|e| e.into_inner());
+        let (f, xp) = match self.split_qx(gpu, k, w, &x.slice(..), &mut guard)? {
+            Some(xq) => (&k.qdot_matvec[plan.r], xq),
+            None => (&k.stream_matvec[plan.r], gpu.ptr(x, 0)),
+        };
         // Reads rows row0..row0+n_rows of the weight (never past its end),
-        // cols values of x and writes n_rows of out (checked by the caller).
-        launch!(gpu, &k.stream_matvec[plan.r], plan.config(), &format!("stream_matvec on {}", w.name);
+        // cols values of x (or their split) and writes n_rows of out
+        // (checked by the caller).
+        launch!(gpu, f, plan.config(), &format!("stream_matvec on {}", w.name);
             gpu.ptr(&w.data, 0), w.row_bytes as u64, end_ptr(gpu, w), row0, rows, cols, tile_rows,
-            plan.stage_bytes as u32, gpu.ptr(x, 0), gpu.ptr(out, 0))?;
+            plan.stage_bytes as u32, xp, gpu.ptr(out, 0))?;
         Ok(true)
+    }
+
+    /// With `KILN_CUDA_GEMV=qdot`, a quantized `w` and rows that fit:
+    /// splits x (one row of `w.cols` values) into the workspace in
+    /// `guard` (allocated on first use, before any capture) by
+    /// `qx_split` and returns its address; else `None`.
+    fn split_qx(
+        &self,
+        gpu: &Gpu,
+        k: &TypeKernels,
+        w: &CudaWeight,
+        x: &CudaView<'_, f32>,
+        guard: &mut Option<CudaSlice<f32>>,
+    ) -> Result<Option<u64>> {
+        if !qdot_enabled() || w.ty.block_elems() < 32 || w.cols > QDOT_MAX_K {
+            return Ok(None);
+        }
+        let ws = match guard {
+            Some(ws) => ws,
+            // The warm-up run of a step (run_step runs it plainly first)
+            // allocates it.
+            None => guard.insert(gpu.alloc::<f32>(QX_FLOATS, "split x workspace")?),
+        };
+        let blocks = w.cols / 32;
+        let cfg = LaunchConfig {
+            grid_dim: (blocks.div_ceil(WARPS) as u32, 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // Reads cols values of x (checked by the caller: cols is a whole
+        // number of blocks of 32) and writes 3 cols bytes + cols / 32 +
+        // cols / 16 floats <= QX_FLOATS.
+        let (xp, _guard) = x.device_ptr(&gpu.stream);
+        launch!(gpu, &k.qx_split, cfg, &format!("split x for {}", w.name);
+            xp, as_i32("cols", w.cols)?, gpu.ptr(ws, 0))?;
+        Ok(Some(gpu.ptr(ws, 0)))
     }
 
     /// `ids[slot + i] = argmax_r dot(W[r], h[row + i])` for `i < n` (1 to 4)
@@ -204,12 +260,22 @@ impl Matmul {
         };
         let (rows, cols) = (as_i32("rows", w.rows)?, as_i32("cols", w.cols)?);
         let (tile_rows, slot) = (plan.tile_rows as i32, as_i32("slot", slot)?);
+        let mut guard = self.qx.lock().unwrap_or_else(|e| e.into_inner());
+        let hrow = h.slice(row * w.cols..(row + n) * w.cols);
+        let (f, xp) = match n {
+            1 => match self.split_qx(gpu, k, w, &hrow, &mut guard)? {
+                Some(xq) => (&k.qdot_argmax[plan.r], xq),
+                None => (f, gpu.ptr(h, row * w.cols)),
+            },
+            _ => (f, gpu.ptr(h, row * w.cols)),
+        };
         // Reads every weight row (never past its end) and x rows
-        // row..row+n, updates the head cells (n <= 4 keys and the count)
-        // and writes ids[slot..slot+n] (checked by the caller).
+        // row..row+n (or their split), updates the head cells (n <= 4
+        // keys and the count) and writes ids[slot..slot+n] (checked by the
+        // caller).
         launch!(gpu, f, plan.config(), &format!("argmax on {}", w.name);
             gpu.ptr(&w.data, 0), w.row_bytes as u64, end_ptr(gpu, w), rows, cols, tile_rows,
-            plan.stage_bytes as u32, gpu.ptr(h, row * w.cols), n as i32, gpu.ptr(&self.head_cells, 0),
+            plan.stage_bytes as u32, xp, n as i32, gpu.ptr(&self.head_cells, 0),
             gpu.ptr(ids, 0), slot)?;
         Ok(true)
     }
@@ -224,6 +290,14 @@ mod tests {
 
     fn matvec(row_bytes: usize, n_rows: usize) -> Plan {
         Plan::matvec(row_bytes, n_rows, H200.0, H200.1).unwrap()
+    }
+
+    #[test]
+    fn split_x_workspace_holds_the_longest_rows() {
+        // qdot.cu's layout: three planes of k bytes, k / 32 scales and
+        // k / 16 sums (floats).
+        let k = QDOT_MAX_K;
+        assert_eq!(4 * QX_FLOATS, 3 * k + 4 * (k / 32 + k / 16));
     }
 
     #[test]
