@@ -35,6 +35,11 @@ for t in matmul synth; do
     (KILN_CUDA_GEMV=qdot timeout 200 p/bin/$t --test-threads=1 > $O/$t-qdot.log 2>&1
      echo "$t KILN_CUDA_GEMV=qdot rc=$? $(grep 'test result' $O/$t-qdot.log)") &
 done
+# The attention variant (pending/variants/attn-tile-rows.patch).
+for t in ops fixtures synth kv_batch; do
+    (KILN_CUDA_SOURCE_DIR=$D/v/attn-tile-rows timeout 200 p/bin/$t --test-threads=1 > $O/$t-attn.log 2>&1
+     echo "$t attn-tile-rows rc=$? $(grep 'test result' $O/$t-attn.log)") &
+done
 wait; echo "tests done at $(( $(date +%s) - T0 )) s"
 grep -hE "panicked|^---- " $O/*.log | head -8
 # 2. Where a batch-1 step and a 64-row step go (1B, 4B): not yet profiled.
@@ -43,9 +48,10 @@ for z in 1b 4b; do m=$S/gemma3-$z-q4_k_m.gguf
     KILN_CUDA_PROFILE=1 timeout 40 p/bin/batch_bench $m -b 64 -p 128 -n 16 -r 1 > $O/prof64-$z.log 2>&1
     echo "== $z batch 1"; grep -v '^\s*$' $O/prof1-$z.log | tail -22; echo "== $z batch 64"; grep -v '^\s*$' $O/prof64-$z.log | tail -22
 done
-# 3. Switches side by side: the grouped and the integer-dot GEMV (batch 1), the tensor-core
+# 3. Switches side by side: the grouped and the integer-dot GEMV and the
+#    attention variant (batch 1, pp512 / tg128), the tensor-core
 #    head, the split-x GEMM, the split target.
-BATCHES=1 timeout 150 $R/bench/gpu-ab $D/p/bin 270m,1b,4b "" "KILN_CUDA_SOURCE_DIR=$D/v/gemv-groups" "KILN_CUDA_GEMV=qdot" 2>&1 | tee $O/ab-gemv.log
+BATCHES=1 timeout 200 $R/bench/gpu-ab $D/p/bin 270m,1b,4b "" "KILN_CUDA_SOURCE_DIR=$D/v/gemv-groups" "KILN_CUDA_GEMV=qdot" "KILN_CUDA_SOURCE_DIR=$D/v/attn-tile-rows" 2>&1 | tee $O/ab-gemv.log
 BATCHES=16,64 DECODE=0 timeout $(( $(left) - 60 )) $R/bench/gpu-ab $D/p/bin 1b,4b "" "KILN_CUDA_MMA_HEAD=1" "KILN_CUDA_MMA=2" "KILN_CUDA_MMA=2 KILN_CUDA_MMA_HEAD=1" 2>&1 | tee $O/ab-head.log
 [ $(left) -gt 100 ] && MATMUL=1 BATCHES=16,64 DECODE=0 timeout $(( $(left) - 10 )) $R/bench/gpu-ab $D/p/bin 1b,4b "" "KILN_CUDA_MMA=2" "KILN_CUDA_MMA_CTAS_PER_SM=occupancy" "KILN_CUDA_MMA_CTAS_PER_SM=2" 2>&1 | tee $O/ab-split.log
 tar czf $OUT/first-call.tgz -C /tmp out
