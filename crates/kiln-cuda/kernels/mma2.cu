@@ -60,14 +60,13 @@ KILN_ENTRY(mma2_split_x, WARPS * 32)(const float* x, int n_tok, int k, int rows,
 
 // Shared memory of an mma2 CTA, in words: two weight buffers (codes, then
 // (d, m) per row and group), then two x buffers (planes, then sums per
-// token and group). mma.rs mirrors it (mma2_smem_bytes).
+// token and group): 2 W_BUF + 2 X_BUF words, as mma.rs's mma2_smem_bytes.
 template <class T, int WM, int WN, int N8>
 struct Mma2Shape {
     using S = MmaShape<WM, WN, N8>;
     static constexpr int GROUPS = MMA_K / MmaGroup<T>::COLS;
     static constexpr int W_BUF = S::ROWS * MMA_STRIDE + S::ROWS * GROUPS * 2;
     static constexpr int X_BUF = MMA_PLANES * S::TOKENS * MMA_STRIDE + S::TOKENS * GROUPS;
-    static constexpr int WORDS = 2 * W_BUF + 2 * X_BUF;
 };
 
 // Issues this thread's cp.async copies of k step u0's x tile (planes and

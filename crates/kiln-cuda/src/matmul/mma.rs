@@ -11,11 +11,11 @@
 //! instructions per k step by the SASS), not yet timed on a GPU.
 
 use cudarc::driver::{CudaFunction, CudaSlice, CudaView, DevicePtr, LaunchConfig};
-use kiln_model::{ModelError, Result};
+use kiln_model::Result;
 use kiln_quant::GgmlType;
 
 use super::skinny::TiledGemm;
-use super::{as_i32, grid, Matmul, TypeKernels, BLOCK, FINISH_BLOCK};
+use super::{as_i32, grid, Matmul, TypeKernels, BLOCK};
 use crate::gpu::{cuda_err, Gpu};
 use crate::ops::launch;
 use crate::weight::CudaWeight;
@@ -165,6 +165,14 @@ fn mma_shape(n_tok: usize, n_rows: usize, sms: usize) -> usize {
     }
 }
 
+/// CTAs of `f` (shape `name`) an SM holds at once, by the driver (at
+/// least 1).
+fn resident(f: &CudaFunction, name: &str, threads: u32, smem_bytes: usize) -> Result<usize> {
+    f.occupancy_max_active_blocks_per_multiprocessor(threads, smem_bytes, None)
+        .map_err(|e| cuda_err(&format!("occupancy of {name} CTAs"), e))
+        .map(|n| n.max(1) as usize)
+}
+
 /// The launch plan of an MMA kernel of `shape`: its split along k aims
 /// for `KILN_CUDA_MMA_CTAS_PER_SM` CTAs per SM where set, else
 /// `default` (or, without one, as many as fit at once).
@@ -174,15 +182,10 @@ fn mma_plan<'a>(
     smem_bytes: usize,
     default: Option<usize>,
 ) -> Result<TiledGemm<'a>> {
-    let resident = || {
-        f.occupancy_max_active_blocks_per_multiprocessor(threads, smem_bytes, None)
-            .map_err(|e| cuda_err(&format!("occupancy of {name} CTAs"), e))
-            .map(|n| n.max(1) as usize)
-    };
     let ctas_per_sm = match (split_target(), default) {
         (SplitTarget::Ctas(n), _) => n,
         (SplitTarget::Threads, Some(n)) => n,
-        _ => resident()?,
+        _ => resident(f, name, threads, smem_bytes)?,
     };
     Ok(TiledGemm {
         f,
@@ -233,8 +236,8 @@ impl Matmul {
         mma_mode() == MmaMode::Split && n_tok <= MMA2_MAX_TOKENS && w.cols <= MMA2_MAX_K
     }
 
-    /// Splits rows `row0 ..` of x (`n_tok` of `w.cols` values) into the
-    /// workspace in `guard` (allocated on first use) for tiles of `tokens`
+    /// Splits `x` (`n_tok` rows of `w.cols` values) into the workspace in
+    /// `guard` (allocated on first use) for tiles of `tokens`
     /// (`mma2_split_x`), and returns the workspace.
     #[allow(clippy::too_many_arguments)]
     fn split_x<'g>(
@@ -334,20 +337,8 @@ impl Matmul {
             ),
             false => (&k.mma_argmax[shape], mma_smem_bytes(rows, tokens)),
         };
-        let resident = f
-            .occupancy_max_active_blocks_per_multiprocessor(threads, smem_bytes, None)
-            .map_err(|e| cuda_err(&format!("occupancy of mma_argmax {name}"), e))?
-            .max(1) as usize;
-        let ctas = (resident * self.sms)
-            .min(w.rows.div_ceil(rows))
-            .min(self.partials.len() / n);
-        if ctas == 0 {
-            return Err(ModelError::Backend(format!(
-                "argmax over {}: {n} rows at once exceed the {} partials",
-                w.name,
-                self.partials.len()
-            )));
-        }
+        let want = resident(f, name, threads, smem_bytes)? * self.sms;
+        let ctas = self.head_ctas(w, n, want.min(w.rows.div_ceil(rows)))?;
         let cfg = LaunchConfig {
             grid_dim: (
                 ctas as u32,
@@ -360,26 +351,21 @@ impl Matmul {
         let what = format!("argmax on {}", w.name);
         let (n_rows, cols) = (as_i32("rows", w.rows)?, as_i32("cols", w.cols)?);
         let n_i = as_i32("argmax rows", n)?;
-        let mut guard = self.mma2_x.lock().unwrap_or_else(|e| e.into_inner());
-        let hp = match split {
+        let mut guard = split.then(|| self.mma2_x.lock().unwrap_or_else(|e| e.into_inner()));
+        let hp = match &mut guard {
             // The split x in place of h: mma2_argmax takes the same arguments.
-            true => {
+            Some(guard) => {
                 let rows_h = h.slice(row0 * w.cols..(row0 + n) * w.cols);
-                gpu.ptr(self.split_x(gpu, k, w, &rows_h, n, tokens, &mut guard)?, 0)
+                gpu.ptr(self.split_x(gpu, k, w, &rows_h, n, tokens, guard)?, 0)
             }
-            false => gpu.ptr(h, row0 * w.cols),
+            None => gpu.ptr(h, row0 * w.cols),
         };
         // Reads every weight row and h rows row0..row0+n (checked), or
         // their split; writes n * ctas <= partials.len() partials.
         launch!(gpu, f, cfg, &what;
             gpu.ptr(&w.data, 0), w.row_bytes as u64, n_rows, cols, hp, n_i, gpu.ptr(&self.partials, 0))?;
         drop(guard);
-        let cfg = grid((n, 1), FINISH_BLOCK);
-        let slot0 = as_i32("slot", slot0)?;
-        // Reads the n * ctas partials just written, writes ids[slot0..slot0+n]
-        // (checked).
-        launch!(gpu, &k.argmax_finish, cfg, &what;
-            gpu.ptr(&self.partials, 0), ctas as i32, gpu.ptr(ids, 0), slot0)
+        self.argmax_finish(gpu, k, n, ctas, ids, slot0, &what)
     }
 }
 

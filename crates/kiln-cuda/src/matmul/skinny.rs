@@ -193,18 +193,11 @@ impl Matmul {
     ) -> Result<()> {
         let tile = token_tile(n);
         let z = n.div_ceil(GEMM_TOKENS[tile]);
-        let ctas = w
+        let want = w
             .rows
             .div_ceil(TILE_ROWS)
-            .min(ARGMAX_CTAS_PER_SM * self.sms)
-            .min(self.partials.len() / n);
-        if ctas == 0 {
-            return Err(ModelError::Backend(format!(
-                "argmax over {}: {n} rows at once exceed the {} partials",
-                w.name,
-                self.partials.len()
-            )));
-        }
+            .min(ARGMAX_CTAS_PER_SM * self.sms);
+        let ctas = self.head_ctas(w, n, want)?;
         let cfg = LaunchConfig {
             grid_dim: (ctas as u32, z as u32, 1),
             block_dim: (TILE_THREADS, 1, 1),
@@ -218,11 +211,41 @@ impl Matmul {
         launch!(gpu, &k.argmax_tiles[tile], cfg, &what;
             gpu.ptr(&w.data, 0), w.row_bytes as u64, rows, cols, gpu.ptr(h, row0 * w.cols), n_i,
             gpu.ptr(&self.partials, 0))?;
+        self.argmax_finish(gpu, k, n, ctas, ids, slot0, &what)
+    }
+
+    /// CTAs of a batched head over `n` hidden rows: `want`, or fewer where
+    /// their `n * ctas` keys would not fit the partials.
+    pub(super) fn head_ctas(&self, w: &CudaWeight, n: usize, want: usize) -> Result<usize> {
+        let ctas = want.min(self.partials.len() / n);
+        if ctas == 0 {
+            return Err(ModelError::Backend(format!(
+                "argmax over {}: {n} rows at once exceed the {} partials",
+                w.name,
+                self.partials.len()
+            )));
+        }
+        Ok(ctas)
+    }
+
+    /// `ids[slot0 + i]` from the `ctas` keys per hidden row `i < n` that a
+    /// batched head left in the partials (`argmax_finish`).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn argmax_finish(
+        &self,
+        gpu: &Gpu,
+        k: &TypeKernels,
+        n: usize,
+        ctas: usize,
+        ids: &mut CudaSlice<u32>,
+        slot0: usize,
+        what: &str,
+    ) -> Result<()> {
         let cfg = grid((n, 1), FINISH_BLOCK);
         let slot0 = as_i32("slot", slot0)?;
         // Reads the n * ctas partials just written, writes ids[slot0..slot0+n]
-        // (checked).
-        launch!(gpu, &k.argmax_finish, cfg, &what;
+        // (checked by the caller).
+        launch!(gpu, &k.argmax_finish, cfg, what;
             gpu.ptr(&self.partials, 0), ctas as i32, gpu.ptr(ids, 0), slot0)
     }
 }

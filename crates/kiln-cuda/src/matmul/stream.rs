@@ -5,6 +5,8 @@
 //! asynchronous copies, the first tile requested before the kernel waits
 //! for the one that writes x.
 
+use std::sync::MutexGuard;
+
 use cudarc::driver::{CudaSlice, CudaView, DevicePtr, LaunchConfig};
 use kiln_model::Result;
 
@@ -55,6 +57,9 @@ pub(super) fn qdot_enabled() -> bool {
 /// three int8 planes, a scale per 32 values and a sum per 16.
 const QDOT_MAX_K: usize = 16_384;
 pub(super) const QX_FLOATS: usize = QDOT_MAX_K * 3 / 4 + QDOT_MAX_K / 32 + QDOT_MAX_K / 16;
+
+/// A workspace held while the launches that read it are enqueued.
+type HeldWorkspace<'a> = MutexGuard<'a, Option<CudaSlice<f32>>>;
 
 /// `KILN_CUDA_STREAM=0` sends one-token products to the register-only
 /// kernels of matmul.cu instead (for A/B timing).
@@ -182,9 +187,9 @@ impl Matmul {
         };
         let (row0, rows) = (as_i32("row0", row0)?, as_i32("rows", n_rows)?);
         let (cols, tile_rows) = (as_i32("cols", w.cols)?, plan.tile_rows as i32);
-        let mut guard = self.qx.lock().unwrap_or_else(|e| e.into_inner());
-        let (f, xp) = match self.split_qx(gpu, k, w, &x.slice(..), &mut guard)? {
-            Some(xq) => (&k.qdot_matvec[plan.r], xq),
+        let split = self.split_qx(gpu, k, w, &x.slice(..))?;
+        let (f, xp) = match &split {
+            Some((xq, _)) => (&k.qdot_matvec[plan.r], *xq),
             None => (&k.stream_matvec[plan.r], gpu.ptr(x, 0)),
         };
         // Reads rows row0..row0+n_rows of the weight (never past its end),
@@ -197,21 +202,22 @@ impl Matmul {
     }
 
     /// With `KILN_CUDA_GEMV=qdot`, a quantized `w` and rows that fit:
-    /// splits x (one row of `w.cols` values) into the workspace in
-    /// `guard` (allocated on first use, before any capture) by
-    /// `qx_split` and returns its address; else `None`.
+    /// splits x (one row of `w.cols` values) into the workspace (allocated
+    /// on first use, before any capture) by `qx_split` and returns its
+    /// address with the workspace held until the caller's launch; else
+    /// `None`, taking no lock.
     fn split_qx(
         &self,
         gpu: &Gpu,
         k: &TypeKernels,
         w: &CudaWeight,
         x: &CudaView<'_, f32>,
-        guard: &mut Option<CudaSlice<f32>>,
-    ) -> Result<Option<u64>> {
+    ) -> Result<Option<(u64, HeldWorkspace<'_>)>> {
         if !qdot_enabled() || w.ty.block_elems() < 32 || w.cols > QDOT_MAX_K {
             return Ok(None);
         }
-        let ws = match guard {
+        let mut guard = self.qx.lock().unwrap_or_else(|e| e.into_inner());
+        let ws = match &mut *guard {
             Some(ws) => ws,
             // The warm-up run of a step (run_step runs it plainly first)
             // allocates it.
@@ -229,7 +235,8 @@ impl Matmul {
         let (xp, _guard) = x.device_ptr(&gpu.stream);
         launch!(gpu, &k.qx_split, cfg, &format!("split x for {}", w.name);
             xp, as_i32("cols", w.cols)?, gpu.ptr(ws, 0))?;
-        Ok(Some(gpu.ptr(ws, 0)))
+        let at = gpu.ptr(ws, 0);
+        Ok(Some((at, guard)))
     }
 
     /// `ids[slot + i] = argmax_r dot(W[r], h[row + i])` for `i < n` (1 to 4)
@@ -260,14 +267,13 @@ impl Matmul {
         };
         let (rows, cols) = (as_i32("rows", w.rows)?, as_i32("cols", w.cols)?);
         let (tile_rows, slot) = (plan.tile_rows as i32, as_i32("slot", slot)?);
-        let mut guard = self.qx.lock().unwrap_or_else(|e| e.into_inner());
-        let hrow = h.slice(row * w.cols..(row + n) * w.cols);
-        let (f, xp) = match n {
-            1 => match self.split_qx(gpu, k, w, &hrow, &mut guard)? {
-                Some(xq) => (&k.qdot_argmax[plan.r], xq),
-                None => (f, gpu.ptr(h, row * w.cols)),
-            },
-            _ => (f, gpu.ptr(h, row * w.cols)),
+        let split = match n {
+            1 => self.split_qx(gpu, k, w, &h.slice(row * w.cols..(row + 1) * w.cols))?,
+            _ => None,
+        };
+        let (f, xp) = match &split {
+            Some((xq, _)) => (&k.qdot_argmax[plan.r], *xq),
+            None => (f, gpu.ptr(h, row * w.cols)),
         };
         // Reads every weight row (never past its end) and x rows
         // row..row+n (or their split), updates the head cells (n <= 4
