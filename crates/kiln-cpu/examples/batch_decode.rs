@@ -5,7 +5,8 @@
 //! (default S = 1 2 4 8 16; `KILN_PROFILE=1` also prints where each
 //! run's steps go, by op). Prints ms per step and aggregate tok/s, best
 //! of three runs of 16 steps each after a 64-token prompt per sequence,
-//! for the greedy head (`Output::Argmax`) and for full logits.
+//! for the greedy head (`Output::Argmax`) and for full logits
+//! (`BATCH_ARGMAX_ONLY=1`: the greedy head only).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -33,7 +34,11 @@ fn main() {
     println!("| S | output | ms/step | tok/s |");
     println!("|---|---|---|---|");
     for &s in &sizes {
+        let only_argmax = std::env::var("BATCH_ARGMAX_ONLY").is_ok();
         for output in [Output::Argmax, Output::LastLogits] {
+            if only_argmax && output != Output::Argmax {
+                continue;
+            }
             let best = (0..3)
                 .map(|_| run(&m, s, output))
                 .fold(f64::INFINITY, f64::min);

@@ -19,11 +19,12 @@
 //! bytes than the Q8_0 head, 189 MB for Gemma 3's 262,144 x 640; 6 ms on
 //! Zen 4; `KILN_BATCH_HEAD=unpacked` transposes per call instead and keeps
 //! no copy). On Zen 4 the real 270M's screen of 8 rows went from 29-44 ms
-//! (the `maddubs` form) to 8-10 ms, 16 rows from 57-76 to ~17 (VNNI-bound
-//! there: 64 products per `vpdpbusd`); once the tiles exist a lone row is
-//! screened from them too. Before that, a lone row is screened on every
-//! level: one int8 plane per block against the integer GEMV's three (AVX2,
-//! one thread, 262,144 Q8_0 rows in cache: 20 vs 13 GB/s).
+//! (the `maddubs` form) to 8-10 ms, then 7-9 with the tiles prefetched, 16
+//! rows from 57-76 to ~17, then 14-17. A lone row is screened from the
+//! rows on every level, tiles or not: one int8 plane per block against
+//! the integer GEMV's three (AVX2, one thread, 262,144 Q8_0 rows in cache:
+//! 20 vs 13 GB/s); the tiles' form, made for several rows, took 6.0 ms for
+//! one where the rows take 4.6 (Zen 4, real 270M, 2 threads).
 
 use std::cell::RefCell;
 
@@ -83,11 +84,9 @@ pub(crate) fn argmax_ids(
 ) -> Result<()> {
     PICKS.with(|p| {
         let mut picks = p.borrow_mut();
-        // Once packed tiles exist (a server that has batched), a lone row
-        // is screened from them too: the rows they came from are then
-        // not read again.
-        let packed = !exact && matches!(w.screen_tiles.get(), Some(Some(_)));
-        if ids.len() == 1 && !packed {
+        // A lone row takes the rows' screen even where packed tiles exist
+        // (a server that has batched): see the module doc.
+        if ids.len() == 1 {
             let screened = if exact {
                 None
             } else {

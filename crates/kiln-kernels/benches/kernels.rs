@@ -209,6 +209,22 @@ fn bench_screen_multi(rows: usize, k: usize, n: usize) {
             "screen lm_head Q8_0 {held}x{k} n={n} {isa:<10} {:>8.1} us packed tiles",
             s * 1e6
         );
+        // Two threads, halves of the tiles (the backend's split).
+        let half = held / 32 * 16;
+        let s2 = time(Duration::from_millis(600), || {
+            let (a, b) = hi[..held * n].split_at_mut(half * n);
+            std::thread::scope(|sc| {
+                let t = &tiles;
+                let x = &sxs;
+                sc.spawn(move || {
+                    let mut lo = vec![f32::NEG_INFINITY; n];
+                    screen_tiles_multi(isa, t, 0, x, a, &mut lo).unwrap();
+                });
+                let mut lo = vec![f32::NEG_INFINITY; n];
+                screen_tiles_multi(isa, t, half, x, &mut b[..(held - half) * n], &mut lo).unwrap();
+            });
+        });
+        println!("  two threads {:>8.1} us", s2 * 1e6);
     }
 }
 
@@ -370,6 +386,7 @@ fn main() {
         bench_screen(1024, 640);
         for n in [2, 4, 8, 16] {
             bench_screen_multi(32768, 640, n);
+            bench_screen_multi(262144, 640, n);
         }
     }
     if on("gemm") {

@@ -41,6 +41,17 @@ const PER_BLOCK: usize = 9;
 /// into L1, 14.4 two tiles ahead into L2, 13.2 four (16 rows: 22.6, 27.0,
 /// 21.0, 19.7); six to twelve tiles measured no better than four.
 const PREFETCH_TILES: usize = 4;
+/// How far ahead the screen of packed tiles prefetches into L2, in tiles
+/// (nine lines per block, on the first group's pass), and from how many
+/// activation rows. Packed tiles are one sequential stream, but with the
+/// hardware prefetcher alone it fell behind once the kernel had enough
+/// work per line: on Zen 4 (real 270M head, 2 threads, `batch_decode`,
+/// alternating) the 8-row screen took 10.2-11.5 ms without, 7.4-9.3 with
+/// one or two tiles ahead, 8.2-8.8 with four; 16 rows 19.8-22.9 without,
+/// 14.1-17.6 two tiles ahead; 5 rows 8.1-8.4 vs 7.4-7.7. With 2-4 rows it
+/// cost 0.1-0.3 ms instead (memory-bound either way).
+const PACKED_PREFETCH_TILES: usize = 2;
+const PACKED_PREFETCH_MIN: usize = 5;
 
 /// As [`screen_avx2_multi`] (same contract), vocab rows in tiles of 16;
 /// a remainder of rows, or rows over [`MAX_BLOCKS`] blocks, take that form.
@@ -75,7 +86,11 @@ pub(super) unsafe fn screen_vnni_multi(
             core::slice::from_raw_parts(scratch.as_ptr().cast::<__m512i>(), nb * PER_BLOCK)
         };
         // SAFETY: as above.
-        unsafe { tile_bounds(tile, nb, sxs, &mut hi[r0 * n..(r0 + ROWS) * n], lo) };
+        // (The transposes prefetch the rows.)
+        unsafe {
+            let hs = &mut hi[r0 * n..(r0 + ROWS) * n];
+            tile_bounds(tile, nb, sxs, hs, lo, core::ptr::null())
+        };
     }
     let done = tiles * ROWS;
     if done < rows {
@@ -94,7 +109,9 @@ pub(super) unsafe fn screen_vnni_multi(
 }
 
 /// The bounds of one transposed tile's 16 vocab rows against every
-/// activation row: `hi[i * n + t]`, and `lo[t]` folded.
+/// activation row: `hi[i * n + t]`, and `lo[t]` folded. Unless null,
+/// `ahead` is a later tile of as many blocks, prefetched into L2 a block
+/// at a time on the first pass.
 ///
 /// # Safety
 /// As [`screen_vnni_multi`]; `tile` holds `nb` transposed blocks, each
@@ -107,22 +124,24 @@ unsafe fn tile_bounds(
     sxs: &[ScreenX],
     hi: &mut [f32],
     lo: &mut [f32],
+    ahead: *const u8,
 ) {
     let n = sxs.len();
     for g in (0..n).step_by(GROUP) {
+        let ahead = if g == 0 { ahead } else { core::ptr::null() };
         let m = GROUP.min(n - g);
         let xs = &sxs[g..g + m];
         // SAFETY: the caller's contract.
         let (a, b) = unsafe {
             match m {
-                1 => group_dots::<1>(tile, nb, xs),
-                2 => group_dots::<2>(tile, nb, xs),
-                3 => group_dots::<3>(tile, nb, xs),
-                4 => group_dots::<4>(tile, nb, xs),
-                5 => group_dots::<5>(tile, nb, xs),
-                6 => group_dots::<6>(tile, nb, xs),
-                7 => group_dots::<7>(tile, nb, xs),
-                _ => group_dots::<8>(tile, nb, xs),
+                1 => group_dots::<1>(tile, nb, xs, ahead),
+                2 => group_dots::<2>(tile, nb, xs, ahead),
+                3 => group_dots::<3>(tile, nb, xs, ahead),
+                4 => group_dots::<4>(tile, nb, xs, ahead),
+                5 => group_dots::<5>(tile, nb, xs, ahead),
+                6 => group_dots::<6>(tile, nb, xs, ahead),
+                7 => group_dots::<7>(tile, nb, xs, ahead),
+                _ => group_dots::<8>(tile, nb, xs, ahead),
             }
         };
         for j in 0..m {
@@ -194,10 +213,21 @@ pub(super) unsafe fn screen_packed_multi(
 ) {
     let n = sxs.len();
     let per = p.nb * PER_BLOCK;
+    let ahead = if n >= PACKED_PREFETCH_MIN {
+        PACKED_PREFETCH_TILES * per
+    } else {
+        0
+    };
     for (i, hs) in hi.chunks_exact_mut(ROWS * n).enumerate() {
         let tile = &p.regs[(t0 + i) * per..][..per];
+        let pf = match ahead {
+            0 => core::ptr::null(),
+            // Past the last tile it points outside the tiles: a prefetch
+            // never faults.
+            d => tile.as_ptr().wrapping_add(d).cast::<u8>(),
+        };
         // SAFETY: the caller's contract.
-        unsafe { tile_bounds(tile, p.nb, sxs, hs, lo) };
+        unsafe { tile_bounds(tile, p.nb, sxs, hs, lo, pf) };
     }
 }
 
@@ -314,6 +344,7 @@ unsafe fn group_dots<const M: usize>(
     tile: &[__m512i],
     nb: usize,
     xs: &[ScreenX],
+    ahead: *const u8,
 ) -> ([__m512; GROUP], [__m512; GROUP]) {
     assert!(
         xs.len() == M
@@ -324,6 +355,12 @@ unsafe fn group_dots<const M: usize>(
     let mut acc = [_mm512_setzero_ps(); M];
     for b in 0..nb {
         let blk = &tile[b * PER_BLOCK..][..PER_BLOCK];
+        if !ahead.is_null() {
+            for l in b * PER_BLOCK..(b + 1) * PER_BLOCK {
+                // A prefetch never faults, wherever it points.
+                _mm_prefetch::<_MM_HINT_T1>(ahead.wrapping_add(64 * l).cast());
+            }
+        }
         // SAFETY: block `b` of every activation row exists (asserted).
         unsafe {
             let xb: [&VnniBlock; M] = core::array::from_fn(|t| &*blocks[t].add(b));
