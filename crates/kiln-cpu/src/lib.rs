@@ -9,6 +9,7 @@ mod head;
 mod matmul;
 mod par;
 pub mod profile;
+mod qtiles;
 mod rope;
 
 use std::sync::Arc;
@@ -35,6 +36,9 @@ pub struct CpuWeight {
     /// The batch head's packed screen tiles, made on the first batched
     /// greedy head (see `head`).
     screen_tiles: std::sync::OnceLock<Option<kiln_kernels::ScreenTiles>>,
+    /// The rows in tiles for the tiled integer GEMV, made on first use
+    /// (see `qtiles`).
+    qtiles: std::sync::OnceLock<Option<kiln_kernels::QTiles>>,
 }
 
 impl CpuWeight {
@@ -232,6 +236,7 @@ impl Backend for CpuBackend {
             rows: info.n_rows(),
             row_bytes: info.row_bytes(),
             screen_tiles: std::sync::OnceLock::new(),
+            qtiles: std::sync::OnceLock::new(),
         })
     }
 

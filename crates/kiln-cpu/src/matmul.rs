@@ -71,6 +71,12 @@ pub(crate) fn matmul(
     if n_rows == 0 || n_tok == 0 {
         return Ok(());
     }
+    // Decode-sized products on the tiles where they run (AMX keeps its
+    // batched GEMM).
+    let amx = n_tok > 1 && kiln_kernels::gemm_uses_amx(isa, n_tok);
+    if !amx && crate::qtiles::matmul(par, isa, w, row0, n_rows, x, n_tok, out, post)? {
+        return Ok(());
+    }
     let data = w.data();
     let cols = w.cols;
     let err = std::sync::Mutex::new(None);

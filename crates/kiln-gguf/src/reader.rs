@@ -710,6 +710,50 @@ impl Gguf {
         Some(TensorView { info, data })
     }
 
+    /// Hands the resident pages of tensor `name` back to the OS, for a
+    /// caller that keeps its own copy of the bytes (the CPU backend's
+    /// repacked weights) and will not read them again soon: the process's
+    /// RSS drops by their size and a later read faults the same bytes back
+    /// in from the file. Only whole 64 KiB spans inside the tensor are
+    /// released (a neighbour's bytes stay resident). `false` where nothing
+    /// was released: no such tensor, a file held in memory, the call
+    /// refused.
+    pub fn release_pages(&self, name: &str) -> bool {
+        const SPAN: usize = 64 << 10;
+        let Some(&i) = self.tensor_index.get(name) else {
+            return false;
+        };
+        let info = &self.tensors[i];
+        let part = &self.parts[self.tensor_part[i]];
+        let Backing::Mmap(map) = &*part.backing else {
+            return false;
+        };
+        let start = (part.data_start + info.offset) as usize;
+        let (a, b) = (
+            start.next_multiple_of(SPAN),
+            (start + info.n_bytes as usize) / SPAN * SPAN,
+        );
+        if b <= a {
+            return false;
+        }
+        #[cfg(unix)]
+        {
+            // SAFETY: the map is read-only and private and nothing ever
+            // writes it, so MADV_DONTNEED only drops this process's
+            // references to clean file pages: every borrow of these bytes
+            // reads the same file contents after the call (faulted back in
+            // on access). The range lies inside the map.
+            let r =
+                unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, a, b - a) };
+            r.is_ok()
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = map;
+            false
+        }
+    }
+
     /// Like [`Gguf::tensor`], with an error naming the missing tensor.
     pub fn require_tensor(&self, name: &str) -> Result<TensorView<'_>> {
         self.tensor(name)

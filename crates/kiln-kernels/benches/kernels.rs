@@ -9,8 +9,8 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use kiln_kernels::{
-    argmax_rows, gemm, gemv, gemv_q, has_gemv_q, pool::Pool, screen_rows, screen_rows_multi,
-    screen_tiles_multi, Isa, QuantX, ScreenTiles, ScreenX,
+    argmax_rows, gemm, gemv, gemv_q, gemv_q_tiles, has_gemv_q, pool::Pool, screen_rows,
+    screen_rows_multi, screen_tiles_multi, Isa, QTiles, QuantX, ScreenTiles, ScreenX,
 };
 use kiln_quant::GgmlType;
 
@@ -127,6 +127,48 @@ fn bench_gemv(name: &str, ty: GgmlType, rows: usize, k: usize) {
             "gemv_q {name:<20} {ty:<5} {rows:>6}x{k:<5} {isa:<7} {:>9.1} us {gbs:>6.2} GB/s  x{:.1} vs scalar",
             s * 1e6,
             base / s
+        );
+    }
+}
+
+/// The integer GEMV of `n` activation rows: the row form once per row
+/// against the tiled form (Q5_0, AVX-512 VNNI), one thread.
+fn bench_gemv_tiles(ty: GgmlType, rows: usize, k: usize, n: usize) {
+    let w = weights(ty, rows, k);
+    let packed = w.len() / rows;
+    let qxs: Vec<QuantX> = (0..n)
+        .map(|i| {
+            let mut q = QuantX::new();
+            q.set(&acts(k + i)[i..]);
+            q
+        })
+        .collect();
+    let mut y = vec![0.0f32; rows * n];
+    for isa in Isa::available().filter(|&i| i >= Isa::Avx512Vnni) {
+        let Some(tiles) = QTiles::pack(isa, ty, &w, packed, rows, k) else {
+            continue;
+        };
+        let rs = time(Duration::from_millis(600), || {
+            for (q, yt) in qxs.iter().zip(y.chunks_exact_mut(rows)) {
+                gemv_q(isa, ty, &w, packed, black_box(q), yt).unwrap();
+            }
+        });
+        let want = y.clone();
+        let ts = time(Duration::from_millis(600), || {
+            gemv_q_tiles(isa, &tiles, 0, rows, black_box(&qxs), &mut y, rows).unwrap();
+        });
+        let err = want
+            .iter()
+            .zip(&y)
+            .map(|(a, b)| ((a - b) / (1.0 + a.abs())).abs())
+            .fold(0.0f32, f32::max);
+        println!(
+            "gemv_q {ty} {rows}x{k} n={n} {isa:<10} rows {:>9.1} us, tiles {:>9.1} us ({:.2}x; {:.2} / {:.2} GB/s; max rel diff {err:.1e})",
+            rs * 1e6,
+            ts * 1e6,
+            rs / ts,
+            w.len() as f64 / rs * n as f64 / 1e9,
+            w.len() as f64 / ts / 1e9,
         );
     }
 }
@@ -379,6 +421,14 @@ fn main() {
         bench_gemv("f16", GgmlType::F16, 2048, 640);
         bench_gemv("bf16", GgmlType::BF16, 2048, 640);
         bench_gemv("f32", GgmlType::F32, 2048, 640);
+    }
+    if on("tiles") {
+        for n in [1, 2, 4, 8, 16, 64] {
+            bench_gemv_tiles(GgmlType::Q5_0, 2048, 640, n);
+            bench_gemv_tiles(GgmlType::Q4K, 640, 2048, n);
+        }
+        bench_gemv_tiles(GgmlType::Q5_0, 65536, 640, 1);
+        bench_gemv_tiles(GgmlType::Q4K, 16384, 2048, 1);
     }
     if on("argmax") {
         bench_argmax(262144, 640);

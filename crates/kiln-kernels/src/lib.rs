@@ -717,6 +717,105 @@ pub fn screen_tiles_multi(
     )))
 }
 
+/// A Q5_0 or Q4_K matrix's rows in tiles of 16 for the tiled integer
+/// GEMV ([`gemv_q_tiles`]): as many bytes as the rows (Q4_K: 2.8% more);
+/// the last `rows % 16` rows are not held (run them through [`gemv_q`]).
+pub struct QTiles {
+    #[cfg(target_arch = "x86_64")]
+    tiles: x86::qtile::Tiles,
+    k: usize,
+}
+
+impl QTiles {
+    /// `None` where the form does not run: `isa` below
+    /// [`Isa::Avx512Vnni`], types other than Q5_0 and Q4_K, or the memory
+    /// not available.
+    pub fn pack(
+        isa: Isa,
+        ty: GgmlType,
+        w: &[u8],
+        row_bytes: usize,
+        rows: usize,
+        k: usize,
+    ) -> Option<QTiles> {
+        if !matches!(ty, GgmlType::Q5_0 | GgmlType::Q4K)
+            || k == 0
+            || check_rows(ty, w, row_bytes, k, rows).is_err()
+        {
+            return None;
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            let tiles = x86::pack_qtiles(isa.min(Isa::cpu_max()), ty, w, row_bytes, rows, k)?;
+            Some(QTiles { tiles, k })
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = isa;
+            None
+        }
+    }
+
+    /// Rows held: the matrix's whole tiles of 16.
+    pub fn rows(&self) -> usize {
+        #[cfg(target_arch = "x86_64")]
+        return 16 * self.tiles.tiles;
+        #[cfg(not(target_arch = "x86_64"))]
+        0
+    }
+}
+
+/// `y[t * ldy + i]`: row `r0 + i` of the tiles (`i < rows`; `r0` and
+/// `rows` multiples of 16 inside [`QTiles::rows`]) against activation `t`
+/// of `qxs`, as [`gemv_q`] computes it but for f32 rounding (the planes
+/// are folded per block, not per 4 weights).
+pub fn gemv_q_tiles(
+    isa: Isa,
+    tiles: &QTiles,
+    r0: usize,
+    rows: usize,
+    qxs: &[QuantX],
+    y: &mut [f32],
+    ldy: usize,
+) -> Result<(), KernelError> {
+    let n = qxs.len();
+    if qxs.iter().any(|q| q.len() != tiles.k)
+        || !r0.is_multiple_of(16)
+        || !rows.is_multiple_of(16)
+        || r0 + rows > tiles.rows()
+        || ldy < rows
+        || (n > 0 && y.len() < (n - 1) * ldy + rows)
+    {
+        return Err(KernelError::Shape(format!(
+            "{n} activations of {:?} values against rows {r0}..+{rows} of tiles of {} x {}, \
+             {} outputs at stride {ldy}",
+            qxs.first().map(|q| q.len()),
+            tiles.rows(),
+            tiles.k,
+            y.len()
+        )));
+    }
+    if n == 0 || rows == 0 {
+        return Ok(());
+    }
+    #[cfg(target_arch = "x86_64")]
+    if x86::gemv_qtiles(
+        isa.min(Isa::cpu_max()),
+        &tiles.tiles,
+        r0 / 16,
+        rows / 16,
+        qxs,
+        y,
+        ldy,
+    ) {
+        return Ok(());
+    }
+    let _ = isa;
+    Err(KernelError::Shape(format!(
+        "tiled integer GEMV needs AVX-512 VNNI, not {isa}"
+    )))
+}
+
 /// Checks the shapes of [`dot_rows`] / [`axpy_rows`]; returns `d`.
 fn check_row_op(
     q_len: usize,

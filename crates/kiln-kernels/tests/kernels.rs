@@ -3,8 +3,8 @@
 //! `sum |w_i x_i|`, the scale of the rounding error of any f32 summation.
 
 use kiln_kernels::{
-    argmax_rows, gemm, gemm_shared, gemm_uses_amx, gemv, gemv_q, has_gemv_q, Isa, KernelError,
-    QuantX,
+    argmax_rows, gemm, gemm_shared, gemm_uses_amx, gemv, gemv_q, gemv_q_tiles, has_gemv_q, Isa,
+    KernelError, QTiles, QuantX,
 };
 use kiln_quant::GgmlType;
 
@@ -154,6 +154,68 @@ fn gemv_q_matches_reference_on_every_isa() {
     assert!(gemv_q(Isa::Avx2, GgmlType::Q8_0, &w, 68, &qx, &mut [0.0]).is_err());
     assert!(qx.set(&random_x(&mut rng, 64)));
     assert!(!gemv_q(Isa::Scalar, GgmlType::Q8_0, &w, 68, &qx, &mut [0.0]).unwrap());
+}
+
+/// The tiled integer GEMV holds the f32 kernels' tolerance against the
+/// reference for every activation count (groups of 8 and a remainder),
+/// tile range and output stride, writes nothing past its rows, and packs
+/// only where it runs (Q5_0 and Q4_K, AVX-512 VNNI); the rows past the
+/// last whole tile are not held.
+#[test]
+fn gemv_q_tiles_match_reference() {
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let cases = [
+        (GgmlType::Q5_0, 37, 640),
+        (GgmlType::Q5_0, 48, 32),
+        (GgmlType::Q5_0, 16, 2048),
+        (GgmlType::Q4K, 37, 1024),
+        (GgmlType::Q4K, 48, 256),
+    ];
+    for isa in Isa::available() {
+        for (ty, rows, k) in cases {
+            let packed = k / ty.block_elems() * ty.block_bytes();
+            let w = random_rows(&mut rng, ty, rows, k, 0);
+            let Some(tiles) = QTiles::pack(isa, ty, &w, packed, rows, k) else {
+                assert!(isa < Isa::Avx512Vnni, "{isa} packs no {ty} tiles");
+                continue;
+            };
+            assert_eq!(tiles.rows(), rows / 16 * 16);
+            assert!(QTiles::pack(isa, GgmlType::Q8_0, &w, packed, rows, k).is_none());
+            for n in [1, 3, 8, 11] {
+                let xs: Vec<Vec<f32>> = (0..n).map(|_| random_x(&mut rng, k)).collect();
+                let qxs: Vec<QuantX> = xs
+                    .iter()
+                    .map(|x| {
+                        let mut q = QuantX::new();
+                        assert!(q.set(x));
+                        q
+                    })
+                    .collect();
+                let (r0, nr) = if tiles.rows() > 16 {
+                    (16, 16)
+                } else {
+                    (0, tiles.rows())
+                };
+                let ldy = nr + 3;
+                let mut y = vec![f32::NAN; n * ldy];
+                gemv_q_tiles(isa, &tiles, r0, nr, &qxs, &mut y, ldy).unwrap();
+                for (t, x) in xs.iter().enumerate() {
+                    for i in 0..nr {
+                        let want = reference(ty, &w[(r0 + i) * packed..][..packed], x);
+                        let what = format!("tiles {isa} {ty} k={k} n={n} token {t} row {}", r0 + i);
+                        assert_close(y[t * ldy + i], want, &what);
+                    }
+                    assert!(y[t * ldy + nr..][..3].iter().all(|v| v.is_nan()));
+                }
+                // Off a tile, past the tiles, a short stride: refused.
+                let bad = [(8, 16, ldy), (tiles.rows(), 16, ldy), (0, 16, 15)];
+                for (r0, nr, ldy) in bad {
+                    let r = gemv_q_tiles(isa, &tiles, r0, nr, &qxs, &mut y, ldy);
+                    assert!(r.is_err(), "{isa} rows {r0}..+{nr} ldy {ldy}");
+                }
+            }
+        }
+    }
 }
 
 /// Runs `gemm` on random rows and activations of shape `(n, rows, k)` into

@@ -123,6 +123,7 @@ mod avx2;
 mod avx512;
 mod kern;
 mod qdot;
+pub(crate) mod qtile;
 mod rows;
 mod screen;
 mod screen_vnni;
@@ -408,4 +409,42 @@ pub(crate) const AMX_MIN_TOKENS: usize = amx::MIN_TOKENS;
 /// Whether AMX-BF16 tiles are usable (CPU and OS).
 pub(crate) fn has_amx() -> bool {
     amx::available()
+}
+
+/// [`qtile::Tiles`] of a matrix of `ty`; `None` below AVX-512 VNNI or
+/// for types the tiles do not take.
+pub(crate) fn pack_qtiles(
+    isa: Isa,
+    ty: GgmlType,
+    w: &[u8],
+    row_bytes: usize,
+    rows: usize,
+    k: usize,
+) -> Option<qtile::Tiles> {
+    match isa {
+        Isa::Avx512Vnni | Isa::Amx => qtile::Tiles::pack(ty, w, row_bytes, rows, k),
+        _ => None,
+    }
+}
+
+/// The tiled integer GEMV of tiles `t0 .. t0 + tiles`; `false` below
+/// AVX-512 VNNI.
+pub(crate) fn gemv_qtiles(
+    isa: Isa,
+    p: &qtile::Tiles,
+    t0: usize,
+    tiles: usize,
+    qxs: &[crate::QuantX],
+    y: &mut [f32],
+    ldy: usize,
+) -> bool {
+    match isa {
+        // SAFETY: `isa` is at most `Isa::cpu_max()`; the caller checked
+        // the shapes.
+        Isa::Avx512Vnni | Isa::Amx => {
+            unsafe { qtile::gemv(p, t0, tiles, qxs, y, ldy) };
+            true
+        }
+        _ => false,
+    }
 }
