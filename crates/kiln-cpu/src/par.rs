@@ -37,6 +37,11 @@ impl Par {
         Par(Pool::new(threads))
     }
 
+    /// The pool itself, for kernels that take one.
+    pub(crate) fn pool(&self) -> &Pool {
+        &self.0
+    }
+
     pub(crate) fn threads(&self) -> usize {
         self.0.threads()
     }

@@ -42,14 +42,16 @@ fn enabled() -> bool {
 /// packed on first use. Below AMX every product of `w` then takes them,
 /// so the rows they came from are handed back to the OS (the RSS keeps
 /// one copy; with AMX, prefill still reads the rows).
-fn tiles(isa: Isa, w: &CpuWeight) -> Option<&QTiles> {
-    use kiln_quant::GgmlType::{Q4K, Q5_0};
-    if isa < Isa::Avx512Vnni || !matches!(w.ty, Q5_0 | Q4K) || !enabled() {
+fn tiles<'w>(par: &Par, isa: Isa, w: &'w CpuWeight) -> Option<&'w QTiles> {
+    use kiln_quant::GgmlType::{Q4K, Q5_0, Q6K};
+    if isa < Isa::Avx512Vnni || !matches!(w.ty, Q5_0 | Q4K | Q6K) || !enabled() {
         return None;
     }
     w.qtiles
         .get_or_init(|| {
-            let t = QTiles::pack(isa, w.ty, w.data(), w.row_bytes, w.rows, w.cols)?;
+            let _p = crate::profile::op(|| format!("  {}: packing GEMV tiles", w.ty), 0);
+            let pool = Some(par.pool());
+            let t = QTiles::pack(isa, w.ty, w.data(), w.row_bytes, w.rows, w.cols, pool)?;
             if isa < Isa::Amx && t.rows() == w.rows {
                 w.gguf.release_pages(&w.name);
             }
@@ -73,7 +75,7 @@ pub(crate) fn matmul(
     out: &mut [f32],
     post: Option<&Post<'_>>,
 ) -> Result<bool> {
-    let Some(t) = tiles(isa, w) else {
+    let Some(t) = tiles(par, isa, w) else {
         return Ok(false);
     };
     if !row0.is_multiple_of(16) || !n_rows.is_multiple_of(16) || row0 + n_rows > t.rows() {

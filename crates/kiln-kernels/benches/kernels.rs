@@ -145,9 +145,11 @@ fn bench_gemv_tiles(ty: GgmlType, rows: usize, k: usize, n: usize) {
         .collect();
     let mut y = vec![0.0f32; rows * n];
     for isa in Isa::available().filter(|&i| i >= Isa::Avx512Vnni) {
-        let Some(tiles) = QTiles::pack(isa, ty, &w, packed, rows, k) else {
+        let t0 = Instant::now();
+        let Some(tiles) = QTiles::pack(isa, ty, &w, packed, rows, k, None) else {
             continue;
         };
+        let pack_ms = t0.elapsed().as_secs_f64() * 1e3;
         let rs = time(Duration::from_millis(600), || {
             for (q, yt) in qxs.iter().zip(y.chunks_exact_mut(rows)) {
                 gemv_q(isa, ty, &w, packed, black_box(q), yt).unwrap();
@@ -163,7 +165,7 @@ fn bench_gemv_tiles(ty: GgmlType, rows: usize, k: usize, n: usize) {
             .map(|(a, b)| ((a - b) / (1.0 + a.abs())).abs())
             .fold(0.0f32, f32::max);
         println!(
-            "gemv_q {ty} {rows}x{k} n={n} {isa:<10} rows {:>9.1} us, tiles {:>9.1} us ({:.2}x; {:.2} / {:.2} GB/s; max rel diff {err:.1e})",
+            "gemv_q {ty} {rows}x{k} n={n} {isa:<10} rows {:>9.1} us, tiles {:>9.1} us ({:.2}x; {:.2} / {:.2} GB/s; max rel diff {err:.1e}; packed in {pack_ms:.2} ms)",
             rs * 1e6,
             ts * 1e6,
             rs / ts,
@@ -426,6 +428,7 @@ fn main() {
         for n in [1, 2, 4, 8, 16, 64] {
             bench_gemv_tiles(GgmlType::Q5_0, 2048, 640, n);
             bench_gemv_tiles(GgmlType::Q4K, 640, 2048, n);
+            bench_gemv_tiles(GgmlType::Q6K, 640, 2048, n);
         }
         bench_gemv_tiles(GgmlType::Q5_0, 65536, 640, 1);
         bench_gemv_tiles(GgmlType::Q4K, 16384, 2048, 1);

@@ -717,8 +717,9 @@ pub fn screen_tiles_multi(
     )))
 }
 
-/// A Q5_0 or Q4_K matrix's rows in tiles of 16 for the tiled integer
-/// GEMV ([`gemv_q_tiles`]): as many bytes as the rows (Q4_K: 2.8% more);
+/// A Q5_0, Q4_K or Q6_K matrix's rows in tiles of 16 for the tiled
+/// integer GEMV ([`gemv_q_tiles`]): as many bytes as the rows (Q4_K: 2.8%
+/// more);
 /// the last `rows % 16` rows are not held (run them through [`gemv_q`]).
 pub struct QTiles {
     #[cfg(target_arch = "x86_64")]
@@ -727,9 +728,9 @@ pub struct QTiles {
 }
 
 impl QTiles {
-    /// `None` where the form does not run: `isa` below
-    /// [`Isa::Avx512Vnni`], types other than Q5_0 and Q4_K, or the memory
-    /// not available.
+    /// Packed on `pool` where given. `None` where the form does not run:
+    /// `isa` below [`Isa::Avx512Vnni`], types other than Q5_0, Q4_K and
+    /// Q6_K, or the memory not available.
     pub fn pack(
         isa: Isa,
         ty: GgmlType,
@@ -737,8 +738,9 @@ impl QTiles {
         row_bytes: usize,
         rows: usize,
         k: usize,
+        pool: Option<&pool::Pool>,
     ) -> Option<QTiles> {
-        if !matches!(ty, GgmlType::Q5_0 | GgmlType::Q4K)
+        if !matches!(ty, GgmlType::Q5_0 | GgmlType::Q4K | GgmlType::Q6K)
             || k == 0
             || check_rows(ty, w, row_bytes, k, rows).is_err()
         {
@@ -746,12 +748,13 @@ impl QTiles {
         }
         #[cfg(target_arch = "x86_64")]
         {
-            let tiles = x86::pack_qtiles(isa.min(Isa::cpu_max()), ty, w, row_bytes, rows, k)?;
+            let isa = isa.min(Isa::cpu_max());
+            let tiles = x86::pack_qtiles(isa, ty, w, row_bytes, rows, k, pool)?;
             Some(QTiles { tiles, k })
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
-            let _ = isa;
+            let _ = (isa, pool);
             None
         }
     }

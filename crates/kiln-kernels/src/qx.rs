@@ -40,6 +40,8 @@ pub struct QuantX {
     pub(crate) lane_sum: Vec<f32>,
     /// f32 sum of each block's 32 values (the K-quants' per-group mins).
     pub(crate) group_sum: Vec<f32>,
+    /// `sum(x)` per 16 values (types with a scale per 16 weights).
+    pub(crate) half_sum: Vec<f32>,
 }
 
 impl QuantX {
@@ -79,6 +81,7 @@ impl QuantX {
         self.lane_d.clear();
         self.lane_sum.clear();
         self.group_sum.clear();
+        self.half_sum.clear();
         if !x.len().is_multiple_of(32) || x.iter().any(|v| !v.is_finite()) {
             return false;
         }
@@ -89,6 +92,7 @@ impl QuantX {
         self.lane_d.resize(k / 4, 0.0);
         self.lane_sum.resize(k / 4, 0.0);
         self.group_sum.resize(k / 32, 0.0);
+        self.half_sum.resize(k / 16, 0.0);
         // Zipped fixed-size chunks, no pushes or indexing: the loops
         // vectorize (this runs serially before each decode matmul).
         let blocks = x
@@ -98,8 +102,12 @@ impl QuantX {
             .zip(self.l.chunks_exact_mut(32))
             .zip(self.lane_d.chunks_exact_mut(8))
             .zip(self.lane_sum.chunks_exact_mut(8))
-            .zip(&mut self.group_sum);
-        for ((((((xb, hb), mb), lb), ld), ls), gs) in blocks {
+            .zip(
+                self.group_sum
+                    .iter_mut()
+                    .zip(self.half_sum.chunks_exact_mut(2)),
+            );
+        for ((((((xb, hb), mb), lb), ld), ls), (gs, hs)) in blocks {
             // Finite values: the bits of |v| order as the values (an
             // integer max vectorizes; a float max chain does not).
             let amax = f32::from_bits(xb.iter().fold(0, |a, v| a.max(v.to_bits() & 0x7FFF_FFFF)));
@@ -130,6 +138,8 @@ impl QuantX {
                 *o = (l[0] + l[1]) + (l[2] + l[3]);
             }
             *gs = ls.iter().sum();
+            hs[0] = ls[..4].iter().sum();
+            hs[1] = ls[4..].iter().sum();
         }
         self.k = k;
         true

@@ -159,7 +159,7 @@ fn gemv_q_matches_reference_on_every_isa() {
 /// The tiled integer GEMV holds the f32 kernels' tolerance against the
 /// reference for every activation count (groups of 8 and a remainder),
 /// tile range and output stride, writes nothing past its rows, and packs
-/// only where it runs (Q5_0 and Q4_K, AVX-512 VNNI); the rows past the
+/// only where it runs (Q5_0, Q4_K and Q6_K, AVX-512 VNNI); the rows past the
 /// last whole tile are not held.
 #[test]
 fn gemv_q_tiles_match_reference() {
@@ -170,17 +170,19 @@ fn gemv_q_tiles_match_reference() {
         (GgmlType::Q5_0, 16, 2048),
         (GgmlType::Q4K, 37, 1024),
         (GgmlType::Q4K, 48, 256),
+        (GgmlType::Q6K, 37, 1024),
+        (GgmlType::Q6K, 16, 256),
     ];
     for isa in Isa::available() {
         for (ty, rows, k) in cases {
             let packed = k / ty.block_elems() * ty.block_bytes();
             let w = random_rows(&mut rng, ty, rows, k, 0);
-            let Some(tiles) = QTiles::pack(isa, ty, &w, packed, rows, k) else {
+            let Some(tiles) = QTiles::pack(isa, ty, &w, packed, rows, k, None) else {
                 assert!(isa < Isa::Avx512Vnni, "{isa} packs no {ty} tiles");
                 continue;
             };
             assert_eq!(tiles.rows(), rows / 16 * 16);
-            assert!(QTiles::pack(isa, GgmlType::Q8_0, &w, packed, rows, k).is_none());
+            assert!(QTiles::pack(isa, GgmlType::Q8_0, &w, packed, rows, k, None).is_none());
             for n in [1, 3, 8, 11] {
                 let xs: Vec<Vec<f32>> = (0..n).map(|_| random_x(&mut rng, k)).collect();
                 let qxs: Vec<QuantX> = xs

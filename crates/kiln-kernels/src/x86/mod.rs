@@ -420,9 +420,10 @@ pub(crate) fn pack_qtiles(
     row_bytes: usize,
     rows: usize,
     k: usize,
+    pool: Option<&crate::pool::Pool>,
 ) -> Option<qtile::Tiles> {
     match isa {
-        Isa::Avx512Vnni | Isa::Amx => qtile::Tiles::pack(ty, w, row_bytes, rows, k),
+        Isa::Avx512Vnni | Isa::Amx => qtile::Tiles::pack(ty, w, row_bytes, rows, k, pool),
         _ => None,
     }
 }

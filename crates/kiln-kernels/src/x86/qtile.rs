@@ -33,9 +33,10 @@ use crate::qx::{QuantX, S};
 pub(crate) const ROWS: usize = 16;
 
 /// A packed type in tiles: how 16 rows' source blocks are repacked, and
-/// how a tile block decodes into the codes `u` of its 8 steps of 4
-/// weights and the 16 rows' scale `s` and offset factor `o`, such that a
-/// row's dot with `x` is `Σ_blocks s · Σ u·x + o · sum(x)`.
+/// how a tile block decodes ([`Dec`]) into the codes `u` of its 8 steps of
+/// 4 weights and the 16 rows' scale `s` and offset factor `o`, such that a
+/// row's dot with `x` is `Σ s · Σ u·x + o · sum(x)` over its blocks (or
+/// half blocks).
 trait Format {
     /// Source bytes per block and 32-weight groups per block.
     const SRC: usize;
@@ -43,6 +44,8 @@ trait Format {
     /// Tile bytes per block: a header, then one part per group.
     const HEADER: usize;
     const PART: usize;
+    /// Scales per group: 1, or 2 (one per 16 weights: steps 0..4, 4..8).
+    const HALVES: usize = 1;
     /// What the header decodes to.
     type Head: Copy;
 
@@ -53,11 +56,17 @@ trait Format {
     /// AVX-512 F/BW and F16C enabled; `h` valid for `HEADER` reads.
     unsafe fn head(h: *const u8) -> Self::Head;
 
-    /// The codes of the 8 steps, and `(s, o)`.
-    ///
     /// # Safety
     /// AVX-512 F/BW and F16C enabled; `part` valid for `PART` reads.
-    unsafe fn decode(part: *const u8, head: &Self::Head) -> ([__m512i; 8], __m512, __m512);
+    unsafe fn decode(part: *const u8, head: &Self::Head) -> Dec;
+}
+
+/// A decoded tile block: the codes of its 8 steps of 4 weights, and per
+/// half ([`Format::HALVES`]) the 16 rows' scale `s` and offset factor `o`.
+struct Dec {
+    u: [__m512i; 8],
+    s: [__m512; 2],
+    o: [__m512; 2],
 }
 
 /// The nibble registers' step `j`: low nibbles of register `j`, then
@@ -88,6 +97,16 @@ unsafe fn bytes16(p: *const u8) -> __m512 {
     unsafe { _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(p.cast()))) }
 }
 
+/// The 16 signed bytes at `p` as f32.
+///
+/// # Safety
+/// AVX-512 F enabled; `p` valid for 16 reads.
+#[inline(always)]
+unsafe fn sbytes16(p: *const u8) -> __m512 {
+    // SAFETY: the caller's contract.
+    unsafe { _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p.cast()))) }
+}
+
 /// Writes the four nibble registers of one group: `w(i, l)`, weight `l`
 /// of row `i`, a 4-bit code.
 fn pack_nibbles(out: &mut [u8], w: impl Fn(usize, usize) -> u8) {
@@ -110,15 +129,20 @@ impl Format for Q50 {
     type Head = ();
 
     fn pack(src: [&[u8]; ROWS], out: &mut [u8]) {
-        pack_nibbles(out, |i, l| (src[i][6 + l % 16] >> (4 * (l / 16))) & 0xF);
         for (i, blk) in src.iter().enumerate() {
+            // `qs` byte l holds weights l and l + 16: the nibble layout.
+            for p in 0..4 {
+                out[64 * p + 4 * i..][..4].copy_from_slice(&blk[6 + 4 * p..][..4]);
+            }
             let qh = u32::from_le_bytes([blk[2], blk[3], blk[4], blk[5]]);
-            // Lane i, bit 8c + j: the fifth bit of weight 4j + c.
+            // Lane i, bit 8c + j: the fifth bit of weight 4j + c, that is
+            // bits c, c + 4, .. of `qh` gathered into byte c.
             let mut bits = 0u32;
-            for j in 0..8 {
-                for c in 0..4 {
-                    bits |= ((qh >> (4 * j + c)) & 1) << (8 * c + j);
-                }
+            for c in 0..4 {
+                let x = (qh >> c) & 0x1111_1111;
+                let x = (x | x >> 3) & 0x0303_0303;
+                let x = (x | x >> 6) & 0x000F_000F;
+                bits |= ((x | x >> 12) & 0xFF) << (8 * c);
             }
             out[256 + 4 * i..][..4].copy_from_slice(&bits.to_le_bytes());
             out[320 + 2 * i..][..2].copy_from_slice(&blk[..2]);
@@ -129,7 +153,7 @@ impl Format for Q50 {
     unsafe fn head(_: *const u8) {}
 
     #[inline(always)]
-    unsafe fn decode(part: *const u8, _: &()) -> ([__m512i; 8], __m512, __m512) {
+    unsafe fn decode(part: *const u8, _: &()) -> Dec {
         // SAFETY: the trait contract.
         unsafe {
             let low = _mm512_set1_epi8(0x0F);
@@ -160,7 +184,12 @@ impl Format for Q50 {
             }
             // w = d·(u − 16).
             let d = _mm512_cvtph_ps(_mm256_loadu_si256(part.add(320).cast()));
-            (u, d, _mm512_mul_ps(d, _mm512_set1_ps(-16.0)))
+            let o = _mm512_mul_ps(d, _mm512_set1_ps(-16.0));
+            Dec {
+                u,
+                s: [d, d],
+                o: [o, o],
+            }
         }
     }
 }
@@ -206,7 +235,7 @@ impl Format for Q4K {
     }
 
     #[inline(always)]
-    unsafe fn decode(part: *const u8, head: &(__m512, __m512)) -> ([__m512i; 8], __m512, __m512) {
+    unsafe fn decode(part: *const u8, head: &(__m512, __m512)) -> Dec {
         // SAFETY: the trait contract.
         unsafe {
             let low = _mm512_set1_epi8(0x0F);
@@ -218,7 +247,107 @@ impl Format for Q4K {
             let s = _mm512_mul_ps(head.0, bytes16(part.add(256)));
             let m = bytes16(part.add(256 + ROWS));
             let o = _mm512_mul_ps(_mm512_sub_ps(_mm512_setzero_ps(), head.1), m);
-            (u, s, o)
+            Dec {
+                u,
+                s: [s, s],
+                o: [o, o],
+            }
+        }
+    }
+}
+
+/// Element `e` (0..256) of a Q6_K block as its code `q + 32` (0..64) and
+/// the index of its scale (ggml's `block_q6_K` layout: two halves of 128,
+/// each with 64 `ql` bytes, 32 `qh` bytes and 8 scales).
+fn q6k_at(blk: &[u8], e: usize) -> (u8, usize) {
+    let (n, r) = (e / 128, e % 128);
+    let (quarter, l) = (r / 32, r % 32);
+    let ql = blk[64 * n + l + 32 * (quarter % 2)];
+    let lo = if quarter < 2 { ql & 0xF } else { ql >> 4 };
+    let hi = (blk[128 + 32 * n + l] >> (2 * quarter)) & 3;
+    (lo | hi << 4, 8 * n + l / 16 + 2 * quarter)
+}
+
+struct Q6K;
+impl Format for Q6K {
+    const SRC: usize = 210;
+    const GROUPS: usize = 8;
+    const HALVES: usize = 2;
+    const HEADER: usize = 2 * ROWS;
+    /// Nibbles, two registers of the codes' top two bits (register `j /
+    /// 4`, bits `2·(j % 4)..` of lane `i`'s byte `c`: weight `4j + c`), then
+    /// the 16 rows' two int8 scales.
+    const PART: usize = 6 * 64 + 2 * ROWS;
+    /// The rows' `d`.
+    type Head = __m512;
+
+    fn pack(src: [&[u8]; ROWS], out: &mut [u8]) {
+        let mut codes = [[0u8; 256]; ROWS];
+        for (i, blk) in src.iter().enumerate() {
+            out[2 * i..][..2].copy_from_slice(&blk[208..210]);
+            for (e, c) in codes[i].iter_mut().enumerate() {
+                *c = q6k_at(blk, e).0;
+            }
+        }
+        for g in 0..8 {
+            let part = &mut out[Self::HEADER + g * Self::PART..][..Self::PART];
+            pack_nibbles(part, |i, l| codes[i][32 * g + l] & 0xF);
+            for (i, blk) in src.iter().enumerate() {
+                for j in 0..8 {
+                    for c in 0..4 {
+                        let top = codes[i][32 * g + 4 * j + c] >> 4;
+                        part[256 + 64 * (j / 4) + 4 * i + c] |= top << (2 * (j % 4));
+                    }
+                }
+                for h in 0..2 {
+                    part[384 + ROWS * h + i] = blk[192 + q6k_at(blk, 32 * g + 16 * h).1];
+                }
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn head(h: *const u8) -> __m512 {
+        // SAFETY: the trait contract.
+        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(h.cast())) }
+    }
+
+    #[inline(always)]
+    unsafe fn decode(part: *const u8, d: &__m512) -> Dec {
+        // SAFETY: the trait contract.
+        unsafe {
+            let low = _mm512_set1_epi8(0x0F);
+            let top = _mm512_set1_epi8(0x30);
+            let mut u = [_mm512_setzero_si512(); 8];
+            for (j, uj) in u.iter_mut().enumerate() {
+                let t = _mm512_loadu_si512(part.add(256 + 64 * (j / 4)).cast());
+                // Bits 2·(j % 4).. of each byte to bits 4..6 (16-bit
+                // shifts: bits from the neighbour byte land outside them).
+                let t = match j % 4 {
+                    0 => _mm512_slli_epi16::<4>(t),
+                    1 => _mm512_slli_epi16::<2>(t),
+                    2 => t,
+                    _ => _mm512_srli_epi16::<2>(t),
+                };
+                // (q & 0x0F) | (t & 0x30)
+                *uj = _mm512_ternarylogic_epi32::<0xEA>(
+                    nibbles(part, j),
+                    low,
+                    _mm512_and_si512(t, top),
+                );
+            }
+            // w = d·sc·(u − 32), a scale per 16 weights.
+            let sc = |h: usize| part.add(384 + ROWS * h);
+            let s = [
+                _mm512_mul_ps(*d, sbytes16(sc(0))),
+                _mm512_mul_ps(*d, sbytes16(sc(1))),
+            ];
+            let m32 = _mm512_set1_ps(-32.0);
+            Dec {
+                u,
+                s,
+                o: [_mm512_mul_ps(s[0], m32), _mm512_mul_ps(s[1], m32)],
+            }
         }
     }
 }
@@ -235,18 +364,20 @@ pub(crate) struct Tiles {
 
 impl Tiles {
     /// The tiles of `rows` rows of `k` values of type `ty` at `w` (stride
-    /// `row_bytes`); `None` for other types or when the memory is not
-    /// available.
+    /// `row_bytes`), packed on `pool` where given; `None` for other types
+    /// or when the memory is not available.
     pub(crate) fn pack(
         ty: GgmlType,
         w: &[u8],
         row_bytes: usize,
         rows: usize,
         k: usize,
+        pool: Option<&crate::pool::Pool>,
     ) -> Option<Tiles> {
         match ty {
-            GgmlType::Q5_0 => Self::pack_as::<Q50>(ty, w, row_bytes, rows, k),
-            GgmlType::Q4K => Self::pack_as::<Q4K>(ty, w, row_bytes, rows, k),
+            GgmlType::Q5_0 => Self::pack_as::<Q50>(ty, w, row_bytes, rows, k, pool),
+            GgmlType::Q4K => Self::pack_as::<Q4K>(ty, w, row_bytes, rows, k, pool),
+            GgmlType::Q6K => Self::pack_as::<Q6K>(ty, w, row_bytes, rows, k, pool),
             _ => None,
         }
     }
@@ -257,20 +388,42 @@ impl Tiles {
         row_bytes: usize,
         rows: usize,
         k: usize,
+        pool: Option<&crate::pool::Pool>,
     ) -> Option<Tiles> {
+        // Tiles per task: packing is ~1 GB/s a thread, on the first use
+        // of every weight (the first request's latency).
+        const TASK_TILES: usize = 8;
         let nsb = k / (32 * F::GROUPS);
         let per = F::HEADER + F::GROUPS * F::PART;
         let tiles = rows / ROWS;
         let mut bytes = Vec::new();
         bytes.try_reserve_exact(tiles * nsb * per).ok()?;
+        huge_pages(&mut bytes);
         bytes.resize(tiles * nsb * per, 0);
-        for (t, tile) in bytes.chunks_exact_mut(nsb * per).enumerate() {
-            for (b, out) in tile.chunks_exact_mut(per).enumerate() {
-                let src = core::array::from_fn(|i| {
-                    &w[(t * ROWS + i) * row_bytes + b * F::SRC..][..F::SRC]
-                });
-                F::pack(src, out);
+        let pack_tiles = |t0: usize, out: &mut [u8]| {
+            for (dt, tile) in out.chunks_exact_mut(nsb * per).enumerate() {
+                let t = t0 + dt;
+                for (b, out) in tile.chunks_exact_mut(per).enumerate() {
+                    let src = core::array::from_fn(|i| {
+                        &w[(t * ROWS + i) * row_bytes + b * F::SRC..][..F::SRC]
+                    });
+                    F::pack(src, out);
+                }
             }
+        };
+        match pool {
+            Some(pool) if tiles > TASK_TILES => {
+                // Each task locks its own chunk: no contention.
+                let chunks: Vec<std::sync::Mutex<&mut [u8]>> = bytes
+                    .chunks_mut(TASK_TILES * nsb * per)
+                    .map(std::sync::Mutex::new)
+                    .collect();
+                pool.run(chunks.len(), |c| {
+                    let mut out = chunks[c].lock().unwrap_or_else(|p| p.into_inner());
+                    pack_tiles(c * TASK_TILES, &mut out);
+                });
+            }
+            _ => pack_tiles(0, &mut bytes),
         }
         Some(Tiles {
             ty,
@@ -279,6 +432,26 @@ impl Tiles {
             bytes,
         })
     }
+}
+
+/// Asks Linux for transparent huge pages over the whole 2 MiB spans of
+/// `v`'s capacity (where THP is `madvise`-only, as on many servers): the
+/// tiles are written once and streamed on every product, and 4 KiB pages
+/// cost a fault each on the first write and TLB misses on every pass.
+fn huge_pages(v: &mut Vec<u8>) {
+    #[cfg(target_os = "linux")]
+    {
+        const HUGE: usize = 2 << 20;
+        let p = v.as_mut_ptr() as usize;
+        let (a, b) = (p.next_multiple_of(HUGE), (p + v.capacity()) / HUGE * HUGE);
+        if b > a {
+            // SAFETY: advice only, on whole pages of memory this Vec owns;
+            // the contents (none yet) are unaffected. A refusal is fine.
+            unsafe { libc::madvise(a as *mut libc::c_void, b - a, libc::MADV_HUGEPAGE) };
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = v;
 }
 
 /// `y[t * ldy + r]` for rows `r` of tiles `t0 .. t0 + tiles` of `p`
@@ -300,6 +473,7 @@ pub(crate) unsafe fn gemv(
         match p.ty {
             GgmlType::Q5_0 => gemv_as::<Q50>(p, t0, tiles, qxs, y, ldy),
             GgmlType::Q4K => gemv_as::<Q4K>(p, t0, tiles, qxs, y, ldy),
+            GgmlType::Q6K => gemv_as::<Q6K>(p, t0, tiles, qxs, y, ldy),
             _ => unreachable!("tiles of {} are never packed", p.ty),
         }
     }
@@ -398,25 +572,28 @@ unsafe fn tile_dots<F: Format, const M: usize>(
                 for l in (0..F::PART).step_by(64) {
                     _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(l).cast());
                 }
-                let (u, s, o) = F::decode(part, &head);
-                group_dots::<M>(&u, s, o, sb * F::GROUPS + g, xs, &mut acc);
+                let dec = F::decode(part, &head);
+                let gi = sb * F::GROUPS + g;
+                if F::HALVES == 2 {
+                    group_dots::<M, 2>(&dec, gi, xs, &mut acc);
+                } else {
+                    group_dots::<M, 1>(&dec, gi, xs, &mut acc);
+                }
             }
         }
     }
     acc
 }
 
-/// One group of 32 weights (decoded codes `u`, scale `s`, offset factor
-/// `o`) against the `M` activations `xs`, into their `acc`.
+/// One group of 32 weights, decoded, against the `M` activations `xs`,
+/// into their `acc`: `H` sums (one per half of [`Dec`]) per activation.
 ///
 /// # Safety
 /// AVX-512 F/BW/VNNI enabled; every `xs[t]` holds group `gi`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 #[inline]
-unsafe fn group_dots<const M: usize>(
-    u: &[__m512i; 8],
-    s: __m512,
-    o: __m512,
+unsafe fn group_dots<const M: usize, const H: usize>(
+    dec: &Dec,
     gi: usize,
     xs: &[QuantX],
     acc: &mut [__m512; GROUP],
@@ -425,29 +602,39 @@ unsafe fn group_dots<const M: usize>(
     unsafe {
         let sv = _mm512_set1_epi32(S as i32);
         let e = 32 * gi;
+        let steps = 8 / H;
         for (a, x) in acc[..M].iter_mut().zip(xs) {
             let plane = |v: &[i8], j: usize| {
                 _mm512_set1_epi32(v.as_ptr().add(e + 4 * j).cast::<i32>().read_unaligned())
             };
-            let (mut h, mut m, mut l) = (
-                _mm512_setzero_si512(),
-                _mm512_setzero_si512(),
-                _mm512_setzero_si512(),
-            );
-            for (j, &uj) in u.iter().enumerate() {
-                h = _mm512_dpbusd_epi32(h, uj, plane(&x.h, j));
-                m = _mm512_dpbusd_epi32(m, uj, plane(&x.m, j));
-                l = _mm512_dpbusd_epi32(l, uj, plane(&x.l, j));
-            }
-            let hm = _mm512_add_epi32(_mm512_mullo_epi32(h, sv), m);
-            let v = _mm512_fmadd_ps(
-                _mm512_cvtepi32_ps(hm),
-                _mm512_set1_ps(S),
-                _mm512_cvtepi32_ps(l),
-            );
             let dx = _mm512_set1_ps(*x.lane_d.get_unchecked(e / 4));
-            let sum = _mm512_set1_ps(*x.group_sum.get_unchecked(gi));
-            *a = _mm512_fmadd_ps(s, _mm512_mul_ps(v, dx), _mm512_fmadd_ps(o, sum, *a));
+            for half in 0..H {
+                let (mut h, mut m, mut l) = (
+                    _mm512_setzero_si512(),
+                    _mm512_setzero_si512(),
+                    _mm512_setzero_si512(),
+                );
+                for j in half * steps..(half + 1) * steps {
+                    let uj = dec.u[j];
+                    h = _mm512_dpbusd_epi32(h, uj, plane(&x.h, j));
+                    m = _mm512_dpbusd_epi32(m, uj, plane(&x.m, j));
+                    l = _mm512_dpbusd_epi32(l, uj, plane(&x.l, j));
+                }
+                let hm = _mm512_add_epi32(_mm512_mullo_epi32(h, sv), m);
+                let v = _mm512_fmadd_ps(
+                    _mm512_cvtepi32_ps(hm),
+                    _mm512_set1_ps(S),
+                    _mm512_cvtepi32_ps(l),
+                );
+                let sum = if H == 1 {
+                    *x.group_sum.get_unchecked(gi)
+                } else {
+                    *x.half_sum.get_unchecked(2 * gi + half)
+                };
+                let sum = _mm512_set1_ps(sum);
+                let o = _mm512_fmadd_ps(dec.o[half], sum, *a);
+                *a = _mm512_fmadd_ps(dec.s[half], _mm512_mul_ps(v, dx), o);
+            }
         }
     }
 }
