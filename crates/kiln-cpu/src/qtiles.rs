@@ -10,10 +10,9 @@
 //! 2048 x 640 in cache: 1 token 75 -> 27 us, 8 tokens 604 -> 166 us (the
 //! f32 GEMM: 306), 64 tokens 1,327 us (f32 GEMM 1,726); 65,536 rows from
 //! DRAM 28 GB/s against 11.6; Q4_K 640 x 2048, 1 token 52 -> 23 us, 8
-//! tokens 412 -> 167. Prefill takes them too (but on AMX): pp512 of the
-//! real 270M 750-756 -> 776-825 tok/s (Q5_0 tiles alone). Q5_0 and Q4_K
-//! so far (Gemma 3 270M / 1B: attention Q/K, FFN gate/up, attention
-//! output and half the FFN down; 4B+: most weights).
+//! tokens 412 -> 167; Q6_K 640 x 2048, 1 token 59 -> 32, 8 tokens 469 ->
+//! 197. Q5_0 prefills take them too (but on AMX): pp512 of the real 270M
+//! 750-756 -> 776-825 tok/s; K-quants only up to [`K_QUANT_MAX_TOKENS`].
 
 use std::cell::RefCell;
 
@@ -38,13 +37,27 @@ fn enabled() -> bool {
     *ON.get_or_init(|| std::env::var("KILN_QTILES").map_or(true, |v| v != "0"))
 }
 
-/// `w`'s tiles where they run (AVX-512 VNNI, a type the tiles take),
-/// packed on first use. Below AMX every product of `w` then takes them,
-/// so the rows they came from are handed back to the OS (the RSS keeps
-/// one copy; with AMX, prefill still reads the rows).
-fn tiles<'w>(par: &Par, isa: Isa, w: &'w CpuWeight) -> Option<&'w QTiles> {
+/// Most tokens a Q4_K / Q6_K product takes the tiles for. In a long
+/// prefill their tiles lost to the f32 GEMM (pp512 of the real 270M, Zen
+/// 4: 750 tok/s without tiles, 642-687 with every product on them, 774-780
+/// with K-quants on tiles up to 64 tokens; a profile gave the kernel 57%
+/// and the activations' plane split 12%). So K-quant weights keep their
+/// mapped rows as well: 30 MiB more peak RSS on that model.
+const K_QUANT_MAX_TOKENS: usize = 64;
+
+/// `w`'s tiles where they run (AVX-512 VNNI, a type the tiles take, at
+/// most [`K_QUANT_MAX_TOKENS`] tokens for K-quants), packed on first use.
+/// Below AMX every product of a Q5_0 weight takes them, so the rows they
+/// came from are handed back to the OS (memory holds one copy); K-quant
+/// weights keep their rows for long prefills, and AMX prefill reads them.
+fn tiles<'w>(par: &Par, isa: Isa, w: &'w CpuWeight, n_tok: usize) -> Option<&'w QTiles> {
     use kiln_quant::GgmlType::{Q4K, Q5_0, Q6K};
-    if isa < Isa::Avx512Vnni || !matches!(w.ty, Q5_0 | Q4K | Q6K) || !enabled() {
+    let k_quant = matches!(w.ty, Q4K | Q6K);
+    if isa < Isa::Avx512Vnni
+        || !(k_quant || w.ty == Q5_0)
+        || (k_quant && n_tok > K_QUANT_MAX_TOKENS)
+        || !enabled()
+    {
         return None;
     }
     w.qtiles
@@ -52,7 +65,7 @@ fn tiles<'w>(par: &Par, isa: Isa, w: &'w CpuWeight) -> Option<&'w QTiles> {
             let _p = crate::profile::op(|| format!("  {}: packing GEMV tiles", w.ty), 0);
             let pool = Some(par.pool());
             let t = QTiles::pack(isa, w.ty, w.data(), w.row_bytes, w.rows, w.cols, pool)?;
-            if isa < Isa::Amx && t.rows() == w.rows {
+            if isa < Isa::Amx && !k_quant && t.rows() == w.rows {
                 w.gguf.release_pages(&w.name);
             }
             Some(t)
@@ -75,7 +88,7 @@ pub(crate) fn matmul(
     out: &mut [f32],
     post: Option<&Post<'_>>,
 ) -> Result<bool> {
-    let Some(t) = tiles(par, isa, w) else {
+    let Some(t) = tiles(par, isa, w, n_tok) else {
         return Ok(false);
     };
     if !row0.is_multiple_of(16) || !n_rows.is_multiple_of(16) || row0 + n_rows > t.rows() {
