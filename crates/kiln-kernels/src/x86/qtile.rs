@@ -107,15 +107,13 @@ unsafe fn sbytes16(p: *const u8) -> __m512 {
     unsafe { _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p.cast()))) }
 }
 
-/// Writes the four nibble registers of one group: `w(i, l)`, weight `l`
-/// of row `i`, a 4-bit code.
-fn pack_nibbles(out: &mut [u8], w: impl Fn(usize, usize) -> u8) {
-    for i in 0..ROWS {
-        for p in 0..4 {
-            for c in 0..4 {
-                let l = 4 * p + c;
-                out[64 * p + 4 * i + c] = w(i, l) | w(i, l + 16) << 4;
-            }
+/// Writes row `i`'s bytes of one group's four nibble registers from its
+/// 32 codes (their low 4 bits).
+fn pack_nibbles(out: &mut [u8], i: usize, codes: &[u8; 32]) {
+    for p in 0..4 {
+        for c in 0..4 {
+            let l = 4 * p + c;
+            out[64 * p + 4 * i + c] = (codes[l] & 0xF) | (codes[l + 16] & 0xF) << 4;
         }
     }
 }
@@ -210,11 +208,10 @@ impl Format for Q4K {
         }
         for g in 0..8 {
             let part = &mut out[Self::HEADER + g * Self::PART..][..Self::PART];
-            // Groups 2k, 2k + 1: the low, then high nibbles of qs[32k..].
-            pack_nibbles(part, |i, l| {
-                (src[i][16 + 32 * (g / 2) + l] >> (4 * (g % 2))) & 0xF
-            });
             for (i, blk) in src.iter().enumerate() {
+                // Groups 2k, 2k + 1: the low, then high nibbles of qs[32k..].
+                let qs: &[u8; 32] = blk[16 + 32 * (g / 2)..][..32].try_into().expect("32 bytes");
+                pack_nibbles(part, i, &qs.map(|q| q >> (4 * (g % 2))));
                 let scales: &[u8; 12] = blk[4..16].try_into().expect("12 scale bytes");
                 let (sc, m) = kiln_quant::block::scale_min_k4(g, scales);
                 part[256 + i] = sc;
@@ -282,20 +279,28 @@ impl Format for Q6K {
     type Head = __m512;
 
     fn pack(src: [&[u8]; ROWS], out: &mut [u8]) {
-        let mut codes = [[0u8; 256]; ROWS];
         for (i, blk) in src.iter().enumerate() {
             out[2 * i..][..2].copy_from_slice(&blk[208..210]);
-            for (e, c) in codes[i].iter_mut().enumerate() {
-                *c = q6k_at(blk, e).0;
-            }
         }
         for g in 0..8 {
             let part = &mut out[Self::HEADER + g * Self::PART..][..Self::PART];
-            pack_nibbles(part, |i, l| codes[i][32 * g + l] & 0xF);
+            // Group g is quarter g % 4 of half g / 4 (see `q6k_at`).
+            let (n, quarter) = (g / 4, g % 4);
             for (i, blk) in src.iter().enumerate() {
+                let ql: &[u8; 32] = blk[64 * n + 32 * (quarter % 2)..][..32]
+                    .try_into()
+                    .expect("32 bytes");
+                let qh: &[u8; 32] = blk[128 + 32 * n..][..32].try_into().expect("32 bytes");
+                let mut codes = [0u8; 32];
+                for (l, c) in codes.iter_mut().enumerate() {
+                    let lo = (ql[l] >> (4 * (quarter / 2))) & 0xF;
+                    *c = lo | ((qh[l] >> (2 * quarter)) & 3) << 4;
+                }
+                debug_assert_eq!(codes[5], q6k_at(blk, 32 * g + 5).0);
+                pack_nibbles(part, i, &codes);
                 for j in 0..8 {
                     for c in 0..4 {
-                        let top = codes[i][32 * g + 4 * j + c] >> 4;
+                        let top = codes[4 * j + c] >> 4;
                         part[256 + 64 * (j / 4) + 4 * i + c] |= top << (2 * (j % 4));
                     }
                 }
