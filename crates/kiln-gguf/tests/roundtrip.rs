@@ -326,3 +326,30 @@ fn real_model_parses() {
     assert!(end <= g.file_len() && g.file_len() - end < g.alignment());
     assert!(g.tensor_infos().iter().any(|t| t.ty == GgmlType::Q4K));
 }
+
+/// Released pages of a mapped tensor read back the same bytes (faulted in
+/// again from the file); nothing is released for an unknown tensor, a
+/// tensor too small to hold a whole 64 KiB span, or a file held in memory.
+#[test]
+fn released_pages_read_back_the_same_bytes() {
+    let g = Gguf::open(kiln_testdata::real_model()).unwrap();
+    let sum = |name: &str| {
+        let d = g.tensor(name).unwrap().data;
+        d.iter().enumerate().fold(0u64, |h, (i, &b)| {
+            h.wrapping_mul(31).wrapping_add(u64::from(b) ^ i as u64)
+        })
+    };
+    let name = "blk.0.ffn_gate.weight";
+    let before = sum(name);
+    assert!(g.release_pages(name));
+    assert_eq!(sum(name), before);
+    // Twice is fine too.
+    assert!(g.release_pages(name));
+    assert_eq!(sum(name), before);
+    assert!(!g.release_pages("no.such.tensor"));
+    assert!(!g.release_pages("blk.0.attn_norm.weight"));
+    let bytes = std::fs::read(kiln_testdata::fixture("gemma3-tiny/model-f32.gguf")).unwrap();
+    let owned = Gguf::from_bytes(bytes).unwrap();
+    let any = owned.tensor_infos()[0].name.clone();
+    assert!(!owned.release_pages(&any));
+}
