@@ -33,8 +33,8 @@ fn main() {
     let m = Model::load(CpuBackend::new(), gguf).expect("model loads");
     println!("| S | output | ms/step | tok/s |");
     println!("|---|---|---|---|");
+    let only_argmax = std::env::var("BATCH_ARGMAX_ONLY").is_ok();
     for &s in &sizes {
-        let only_argmax = std::env::var("BATCH_ARGMAX_ONLY").is_ok();
         for output in [Output::Argmax, Output::LastLogits] {
             if only_argmax && output != Output::Argmax {
                 continue;

@@ -4,7 +4,7 @@
 
 use std::cell::RefCell;
 
-use kiln_kernels::{Isa, RowMax};
+use kiln_kernels::{Isa, QuantX, RowMax};
 use kiln_model::{ModelError, Result};
 
 use crate::par::{Par, SendPtr};
@@ -17,12 +17,11 @@ const TASKS_PER_THREAD: usize = 4;
 pub(crate) type Post<'a> = dyn Fn(&mut [f32]) + Sync + 'a;
 
 thread_local! {
-    /// Per-thread `gemm` output block, grown once.
+    /// Per-thread output block of a task, grown once.
     static BLOCK: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-    /// Integer-GEMV planes of the last decode input and the f32 values
+    /// Integer-GEMV planes of the last input's tokens and the f32 values
     /// they were made from: Q, K and V (and gate, up) share one input.
-    static QX: RefCell<(Vec<f32>, kiln_kernels::QuantX)> =
-        RefCell::new((Vec::new(), kiln_kernels::QuantX::new()));
+    static PLANES: RefCell<(Vec<f32>, Vec<QuantX>)> = const { RefCell::new((Vec::new(), Vec::new())) };
     /// The greedy head's screen buffers.
     static SCREEN: RefCell<Screen> = RefCell::new(Screen::default());
 }
@@ -54,6 +53,73 @@ pub(crate) fn rows_bytes<'a>(w: &CpuWeight, data: &'a [u8], r0: usize, n: usize)
     &data[r0 * w.row_bytes..(r0 + n - 1) * w.row_bytes + packed]
 }
 
+/// `f` of the integer planes of the `n_tok` rows of `x` (`cols` each),
+/// split on the pool once per distinct input (products sharing an input
+/// reuse them, whichever integer kernel runs them); None when a row is
+/// not finite (the f32 path reports it).
+pub(crate) fn with_planes<R>(
+    par: &Par,
+    x: &[f32],
+    n_tok: usize,
+    cols: usize,
+    f: impl FnOnce(&[QuantX]) -> R,
+) -> Option<R> {
+    PLANES.with(|p| {
+        let (src, qxs) = &mut *p.borrow_mut();
+        let x = &x[..n_tok * cols];
+        if src.as_slice() != x {
+            src.clear();
+            if qxs.len() < n_tok {
+                qxs.resize_with(n_tok, QuantX::new);
+            }
+            let ok = std::sync::atomic::AtomicBool::new(true);
+            par.chunks_mut(&mut qxs[..n_tok], 1, |i, q| {
+                if !q[0].set(&x[i * cols..(i + 1) * cols]) {
+                    ok.store(false, std::sync::atomic::Ordering::Relaxed);
+                }
+            });
+            if !ok.into_inner() {
+                return None;
+            }
+            src.extend_from_slice(x);
+        }
+        Some(f(&qxs[..n_tok]))
+    })
+}
+
+/// `f` of this thread's output block, at least `len` values (grown once).
+pub(crate) fn with_block<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    BLOCK.with(|b| {
+        let mut buf = b.borrow_mut();
+        if buf.len() < len {
+            buf.resize(len, 0.0);
+        }
+        f(&mut buf[..len])
+    })
+}
+
+/// Copies the token rows of `yb` (`nr` values each) to columns `c0 .. c0
+/// + nr` of rows `t0 ..` of `dst` (rows of `n_rows`).
+///
+/// # Safety
+/// `dst` holds those rows, and no other thread writes these columns.
+pub(crate) unsafe fn write_columns(
+    dst: &SendPtr<f32>,
+    n_rows: usize,
+    c0: usize,
+    t0: usize,
+    yb: &[f32],
+    nr: usize,
+) {
+    for (t, src) in yb.chunks_exact(nr).enumerate() {
+        // SAFETY: the caller's contract.
+        unsafe {
+            let d = dst.get().add((t0 + t) * n_rows + c0);
+            std::ptr::copy_nonoverlapping(src.as_ptr(), d, nr);
+        }
+    }
+}
+
 /// `out[t * n_rows + r] = post(dot(W[row0 + r], x[t]))`, `post` applied
 /// per task while the outputs are in cache (the LM head's softcap).
 #[allow(clippy::too_many_arguments)]
@@ -81,18 +147,8 @@ pub(crate) fn matmul(
     let cols = w.cols;
     let err = std::sync::Mutex::new(None);
     if n_tok == 1 && kiln_kernels::has_gemv_q(isa, w.ty) {
-        let done = QX.with(|q| {
-            let (src, qx) = &mut *q.borrow_mut();
-            let x = &x[..cols];
-            if src.as_slice() != x {
-                src.clear();
-                src.extend_from_slice(x);
-                qx.set(x);
-            }
-            if qx.is_empty() {
-                return false; // non-finite x: the f32 path reports it
-            }
-            let qx = &*qx;
+        let done = with_planes(par, x, 1, cols, |qxs| {
+            let qx = &qxs[0];
             let chunk = rows_per_task(par, n_rows, 16, 2048);
             par.chunks_mut(&mut out[..n_rows], chunk, |i, y| {
                 let r0 = row0 + i * chunk;
@@ -106,8 +162,8 @@ pub(crate) fn matmul(
                     Err(e) => *err.lock().expect("error slot") = Some(e),
                 }
             });
-            true
-        });
+        })
+        .is_some();
         if done {
             return match err.into_inner().expect("error slot") {
                 Some(e) => Err(kernel_err(w, e)),
@@ -175,11 +231,7 @@ pub(crate) fn matmul(
             let c0 = i * chunk;
             let nr = chunk.min(n_rows - c0);
             let ws = rows_bytes(w, data, row0 + c0, nr);
-            BLOCK.with(|b| {
-                let mut buf = b.borrow_mut();
-                if buf.len() < tb * nr {
-                    buf.resize(tb * nr, 0.0);
-                }
+            with_block(tb * nr, |buf| {
                 for t0 in (0..n_tok).step_by(tb) {
                     let nt = tb.min(n_tok - t0);
                     let xs = &x[t0 * cols..(t0 + nt) * cols];
@@ -192,15 +244,10 @@ pub(crate) fn matmul(
                     if let Some(f) = post {
                         f(yb);
                     }
-                    for (t, src) in yb.chunks_exact(nr).enumerate() {
-                        // SAFETY: `out` holds `n_tok * n_rows` values
-                        // (checked by the caller) and this task alone
-                        // writes columns `c0..c0 + nr` of every token row.
-                        unsafe {
-                            let d = dst.get().add((t0 + t) * n_rows + c0);
-                            std::ptr::copy_nonoverlapping(src.as_ptr(), d, nr);
-                        }
-                    }
+                    // SAFETY: `out` holds `n_tok * n_rows` values (checked
+                    // by the caller) and this task alone writes columns
+                    // `c0..c0 + nr` of every token row.
+                    unsafe { write_columns(&dst, n_rows, c0, t0, yb, nr) };
                 }
             });
         });

@@ -14,22 +14,12 @@
 //! 197. Q5_0 prefills take them too (but on AMX): pp512 of the real 270M
 //! 750-756 -> 776-825 tok/s; K-quants only up to [`K_QUANT_MAX_TOKENS`].
 
-use std::cell::RefCell;
-
-use kiln_kernels::{Isa, QTiles, QuantX};
+use kiln_kernels::{Isa, QTiles};
 use kiln_model::Result;
 
-use crate::matmul::{kernel_err, rows_per_task, Post};
+use crate::matmul::{kernel_err, rows_per_task, with_block, with_planes, write_columns, Post};
 use crate::par::{Par, SendPtr};
 use crate::CpuWeight;
-
-thread_local! {
-    /// The last input's planes and the values they were made from (Q, K
-    /// and V share one input, as do gate and up).
-    static PLANES: RefCell<(Vec<f32>, Vec<QuantX>)> = const { RefCell::new((Vec::new(), Vec::new())) };
-    /// A task's outputs before they go to their columns, grown once.
-    static BLOCK: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-}
 
 /// `KILN_QTILES=0` turns the tiles off (read once).
 fn enabled() -> bool {
@@ -94,39 +84,14 @@ pub(crate) fn matmul(
     if !row0.is_multiple_of(16) || !n_rows.is_multiple_of(16) || row0 + n_rows > t.rows() {
         return Ok(false);
     }
-    let cols = w.cols;
-    PLANES.with(|p| {
-        let (src, qxs) = &mut *p.borrow_mut();
-        let x = &x[..n_tok * cols];
-        if src.as_slice() != x {
-            src.clear();
-            if qxs.len() < n_tok {
-                qxs.resize_with(n_tok, QuantX::new);
-            }
-            let ok = std::sync::atomic::AtomicBool::new(true);
-            par.chunks_mut(&mut qxs[..n_tok], 1, |i, q| {
-                if !q[0].set(&x[i * cols..(i + 1) * cols]) {
-                    ok.store(false, std::sync::atomic::Ordering::Relaxed);
-                }
-            });
-            if !ok.into_inner() {
-                return Ok(false);
-            }
-            src.extend_from_slice(x);
-        }
-        let qxs = &qxs[..n_tok];
-        let err = std::sync::Mutex::new(None);
-        let dst = SendPtr(out.as_mut_ptr());
+    let err = std::sync::Mutex::new(None);
+    let dst = SendPtr(out.as_mut_ptr());
+    let ran = with_planes(par, x, n_tok, w.cols, |qxs| {
         let chunk = rows_per_task(par, n_rows, 16, 2048);
         par.run(n_rows.div_ceil(chunk), |i| {
             let c0 = i * chunk;
             let nr = chunk.min(n_rows - c0);
-            BLOCK.with(|b| {
-                let mut buf = b.borrow_mut();
-                if buf.len() < n_tok * nr {
-                    buf.resize(n_tok * nr, 0.0);
-                }
-                let yb = &mut buf[..n_tok * nr];
+            with_block(n_tok * nr, |yb| {
                 if let Err(e) = kiln_kernels::gemv_q_tiles(isa, t, row0 + c0, nr, qxs, yb, nr) {
                     *err.lock().expect("error slot") = Some(e);
                     return;
@@ -134,20 +99,16 @@ pub(crate) fn matmul(
                 if let Some(f) = post {
                     f(yb);
                 }
-                for (tok, src) in yb.chunks_exact(nr).enumerate() {
-                    // SAFETY: `out` holds `n_tok * n_rows` values (checked
-                    // by the caller) and this task alone writes columns
-                    // `c0..c0 + nr` of every token row.
-                    unsafe {
-                        let d = dst.get().add(tok * n_rows + c0);
-                        std::ptr::copy_nonoverlapping(src.as_ptr(), d, nr);
-                    }
-                }
+                // SAFETY: `out` holds `n_tok * n_rows` values (checked by
+                // the caller) and this task alone writes columns `c0..c0 +
+                // nr` of every token row.
+                unsafe { write_columns(&dst, n_rows, c0, 0, yb, nr) };
             });
         });
-        match err.into_inner().expect("error slot") {
-            Some(e) => Err(kernel_err(w, e)),
-            None => Ok(true),
-        }
-    })
+    });
+    match (ran, err.into_inner().expect("error slot")) {
+        (None, _) => Ok(false),
+        (Some(()), Some(e)) => Err(kernel_err(w, e)),
+        (Some(()), None) => Ok(true),
+    }
 }

@@ -21,7 +21,9 @@
 //! the format adds (Q5_0: the fifth bits and the scales, 352 bytes, as
 //! many as the rows' blocks; Q4_K: the groups' 6-bit scales and mins as
 //! bytes after a header of the rows' `d` and `dmin`, 2,368 bytes per
-//! super-block against the rows' 2,304).
+//! super-block against the rows' 2,304; Q6_K: the codes' top two bits and
+//! the groups' two int8 scales after a header of the rows' `d`, as many
+//! bytes as the rows').
 
 use core::arch::x86_64::*;
 
@@ -253,16 +255,23 @@ impl Format for Q4K {
     }
 }
 
-/// Element `e` (0..256) of a Q6_K block as its code `q + 32` (0..64) and
-/// the index of its scale (ggml's `block_q6_K` layout: two halves of 128,
-/// each with 64 `ql` bytes, 32 `qh` bytes and 8 scales).
-fn q6k_at(blk: &[u8], e: usize) -> (u8, usize) {
-    let (n, r) = (e / 128, e % 128);
-    let (quarter, l) = (r / 32, r % 32);
-    let ql = blk[64 * n + l + 32 * (quarter % 2)];
-    let lo = if quarter < 2 { ql & 0xF } else { ql >> 4 };
-    let hi = (blk[128 + 32 * n + l] >> (2 * quarter)) & 3;
-    (lo | hi << 4, 8 * n + l / 16 + 2 * quarter)
+/// Group `g` (0..8) of a Q6_K block: its 32 codes `q + 32` (0..64) and
+/// the indices of its two scales (one per 16 weights). ggml's
+/// `block_q6_K`: two halves of 128 weights, each with 64 `ql` bytes, 32
+/// `qh` bytes and 8 scales; group `g` is quarter `g % 4` of half `g / 4`.
+fn q6k_group(blk: &[u8], g: usize) -> ([u8; 32], [usize; 2]) {
+    let (n, quarter) = (g / 4, g % 4);
+    let ql: &[u8; 32] = blk[64 * n + 32 * (quarter % 2)..][..32]
+        .try_into()
+        .expect("32 bytes");
+    let qh: &[u8; 32] = blk[128 + 32 * n..][..32].try_into().expect("32 bytes");
+    let mut codes = [0u8; 32];
+    for (l, c) in codes.iter_mut().enumerate() {
+        let lo = (ql[l] >> (4 * (quarter / 2))) & 0xF;
+        *c = lo | ((qh[l] >> (2 * quarter)) & 3) << 4;
+    }
+    let sc = 8 * n + 2 * quarter;
+    (codes, [sc, sc + 1])
 }
 
 struct Q6K;
@@ -284,19 +293,8 @@ impl Format for Q6K {
         }
         for g in 0..8 {
             let part = &mut out[Self::HEADER + g * Self::PART..][..Self::PART];
-            // Group g is quarter g % 4 of half g / 4 (see `q6k_at`).
-            let (n, quarter) = (g / 4, g % 4);
             for (i, blk) in src.iter().enumerate() {
-                let ql: &[u8; 32] = blk[64 * n + 32 * (quarter % 2)..][..32]
-                    .try_into()
-                    .expect("32 bytes");
-                let qh: &[u8; 32] = blk[128 + 32 * n..][..32].try_into().expect("32 bytes");
-                let mut codes = [0u8; 32];
-                for (l, c) in codes.iter_mut().enumerate() {
-                    let lo = (ql[l] >> (4 * (quarter / 2))) & 0xF;
-                    *c = lo | ((qh[l] >> (2 * quarter)) & 3) << 4;
-                }
-                debug_assert_eq!(codes[5], q6k_at(blk, 32 * g + 5).0);
+                let (codes, scales) = q6k_group(blk, g);
                 pack_nibbles(part, i, &codes);
                 for j in 0..8 {
                     for c in 0..4 {
@@ -304,8 +302,8 @@ impl Format for Q6K {
                         part[256 + 64 * (j / 4) + 4 * i + c] |= top << (2 * (j % 4));
                     }
                 }
-                for h in 0..2 {
-                    part[384 + ROWS * h + i] = blk[192 + q6k_at(blk, 32 * g + 16 * h).1];
+                for (h, sc) in scales.into_iter().enumerate() {
+                    part[384 + ROWS * h + i] = blk[192 + sc];
                 }
             }
         }
@@ -403,7 +401,6 @@ impl Tiles {
         let tiles = rows / ROWS;
         let mut bytes = Vec::new();
         bytes.try_reserve_exact(tiles * nsb * per).ok()?;
-        huge_pages(&mut bytes);
         bytes.resize(tiles * nsb * per, 0);
         let pack_tiles = |t0: usize, out: &mut [u8]| {
             for (dt, tile) in out.chunks_exact_mut(nsb * per).enumerate() {
@@ -437,26 +434,6 @@ impl Tiles {
             bytes,
         })
     }
-}
-
-/// Asks Linux for transparent huge pages over the whole 2 MiB spans of
-/// `v`'s capacity (where THP is `madvise`-only, as on many servers): the
-/// tiles are written once and streamed on every product, and 4 KiB pages
-/// cost a fault each on the first write and TLB misses on every pass.
-fn huge_pages(v: &mut Vec<u8>) {
-    #[cfg(target_os = "linux")]
-    {
-        const HUGE: usize = 2 << 20;
-        let p = v.as_mut_ptr() as usize;
-        let (a, b) = (p.next_multiple_of(HUGE), (p + v.capacity()) / HUGE * HUGE);
-        if b > a {
-            // SAFETY: advice only, on whole pages of memory this Vec owns;
-            // the contents (none yet) are unaffected. A refusal is fine.
-            unsafe { libc::madvise(a as *mut libc::c_void, b - a, libc::MADV_HUGEPAGE) };
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    let _ = v;
 }
 
 /// `y[t * ldy + r]` for rows `r` of tiles `t0 .. t0 + tiles` of `p`
