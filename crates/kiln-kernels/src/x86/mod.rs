@@ -308,11 +308,11 @@ pub(crate) fn screen_q8_0(
 ) -> Option<f32> {
     match isa {
         Isa::Scalar => None,
-        // The AVX2 screen on every level (see `screen`: faster than a
-        // VNNI form on Zen 4).
         // SAFETY: `isa` is at most `Isa::cpu_max()` (see `gemv`), so AVX2,
-        // FMA and F16C are present; the caller checked the row layout.
-        _ => Some(unsafe { screen::screen_avx2(sx, w, row_bytes, hi) }),
+        // FMA and F16C are present, and from `Avx512Vnni` AVX-512 VL and
+        // VNNI; the caller checked the row layout.
+        Isa::Avx2 | Isa::Avx512 => Some(unsafe { screen::screen_avx2(sx, w, row_bytes, hi) }),
+        _ => Some(unsafe { screen::screen_vnni256(sx, w, row_bytes, hi) }),
     }
 }
 
