@@ -28,18 +28,22 @@ fn enabled() -> bool {
 }
 
 /// Most tokens a Q4_K / Q6_K product takes the tiles for. In a long
-/// prefill their tiles lost to the f32 GEMM (pp512 of the real 270M, Zen
-/// 4: 750 tok/s without tiles, 642-687 with every product on them, 774-780
-/// with K-quants on tiles up to 64 tokens; a profile gave the kernel 57%
-/// and the activations' plane split 12%). So K-quant weights keep their
-/// mapped rows as well: 30 MiB more peak RSS on that model.
+/// prefill their tiles lose to the f32 GEMM (pp512 of the real 270M, Zen
+/// 4: 747-751 tok/s with every product on them, 789-798 with K-quants on
+/// tiles up to 64 tokens; three int8 planes have no edge over f32 FMAs
+/// there), so those products read the mapped rows again, and
+/// [`release_rows`] hands them back after each.
 const K_QUANT_MAX_TOKENS: usize = 64;
+
+/// Tokens per call of the tile kernel: a task's output block is this many
+/// rows of its outputs (a whole 512-token prefill's block took 4 MB per
+/// thread, most of the tiles' peak memory beyond the weights).
+const TOKEN_BLOCK: usize = 64;
 
 /// `w`'s tiles where they run (AVX-512 VNNI, a type the tiles take, at
 /// most [`K_QUANT_MAX_TOKENS`] tokens for K-quants), packed on first use.
-/// Below AMX every product of a Q5_0 weight takes them, so the rows they
-/// came from are handed back to the OS (memory holds one copy); K-quant
-/// weights keep their rows for long prefills, and AMX prefill reads them.
+/// Below AMX the rows they came from are then handed back to the OS, so
+/// memory holds one copy (AMX prefill reads the rows; they stay there).
 fn tiles<'w>(par: &Par, isa: Isa, w: &'w CpuWeight, n_tok: usize) -> Option<&'w QTiles> {
     use kiln_quant::GgmlType::{Q4K, Q5_0, Q6K};
     let k_quant = matches!(w.ty, Q4K | Q6K);
@@ -55,12 +59,28 @@ fn tiles<'w>(par: &Par, isa: Isa, w: &'w CpuWeight, n_tok: usize) -> Option<&'w 
             let _p = crate::profile::op(|| format!("  {}: packing GEMV tiles", w.ty), 0);
             let pool = Some(par.pool());
             let t = QTiles::pack(isa, w.ty, w.data(), w.row_bytes, w.rows, w.cols, pool)?;
-            if isa < Isa::Amx && !k_quant && t.rows() == w.rows {
+            if isa < Isa::Amx && t.rows() == w.rows {
                 w.gguf.release_pages(&w.name);
             }
             Some(t)
         })
         .as_ref()
+}
+
+/// After a product that read `w`'s mapped rows although it has tiles (a
+/// K-quant prefill of more than [`K_QUANT_MAX_TOKENS`] tokens below AMX):
+/// hands the rows back again, so that resident memory keeps one copy of
+/// the weights (the next long product faults them back from the page
+/// cache, 64 KiB per fault: ~40 faults for a 2.6 MB matrix).
+pub(crate) fn release_rows(isa: Isa, w: &CpuWeight) {
+    if isa < Isa::Amx
+        && w.qtiles
+            .get()
+            .and_then(Option::as_ref)
+            .is_some_and(|t| t.rows() == w.rows)
+    {
+        w.gguf.release_pages(&w.name);
+    }
 }
 
 /// [`crate::matmul::matmul`] on the tiles: `Ok(false)` where they do not
@@ -91,18 +111,22 @@ pub(crate) fn matmul(
         par.run(n_rows.div_ceil(chunk), |i| {
             let c0 = i * chunk;
             let nr = chunk.min(n_rows - c0);
-            with_block(n_tok * nr, |yb| {
-                if let Err(e) = kiln_kernels::gemv_q_tiles(isa, t, row0 + c0, nr, qxs, yb, nr) {
-                    *err.lock().expect("error slot") = Some(e);
-                    return;
+            with_block(TOKEN_BLOCK.min(n_tok) * nr, |block| {
+                for t0 in (0..n_tok).step_by(TOKEN_BLOCK) {
+                    let qs = &qxs[t0..n_tok.min(t0 + TOKEN_BLOCK)];
+                    let yb = &mut block[..qs.len() * nr];
+                    if let Err(e) = kiln_kernels::gemv_q_tiles(isa, t, row0 + c0, nr, qs, yb, nr) {
+                        *err.lock().expect("error slot") = Some(e);
+                        return;
+                    }
+                    if let Some(f) = post {
+                        f(yb);
+                    }
+                    // SAFETY: `out` holds `n_tok * n_rows` values (checked
+                    // by the caller) and this task alone writes columns
+                    // `c0..c0 + nr` of every token row.
+                    unsafe { write_columns(&dst, n_rows, c0, t0, yb, nr) };
                 }
-                if let Some(f) = post {
-                    f(yb);
-                }
-                // SAFETY: `out` holds `n_tok * n_rows` values (checked by
-                // the caller) and this task alone writes columns `c0..c0 +
-                // nr` of every token row.
-                unsafe { write_columns(&dst, n_rows, c0, 0, yb, nr) };
             });
         });
     });
