@@ -205,7 +205,9 @@ unsafe fn planes_avx512(xb: &[f32], inv: f64, hb: &mut [i8], mb: &mut [i8], lb: 
         _mm512_cvtsepi32_epi8(v)
     };
     for c in 0..2 {
-        let [lo8, hi8] = [0, 1].map(|half| {
+        // halves[i]: the planes (h, m, l) of values c * 16 + i * 8 ..
+        let mut halves = [[_mm512_setzero_pd(); 3]; 2];
+        for (half, planes) in halves.iter_mut().enumerate() {
             // SAFETY: 32 values; c * 16 + half * 8 + 8 <= 32.
             let v = unsafe { _mm256_loadu_ps(xb.as_ptr().add(c * 16 + half * 8)) };
             let t = _mm512_mul_pd(_mm512_cvtps_pd(v), inv);
@@ -213,11 +215,14 @@ unsafe fn planes_avx512(xb: &[f32], inv: f64, hb: &mut [i8], mb: &mut [i8], lb: 
             let r = _mm512_mul_pd(_mm512_sub_pd(t, h), s);
             let m = clamp(round(r));
             let l = clamp(round(_mm512_mul_pd(_mm512_sub_pd(r, m), s)));
-            [h, m, l]
-        });
+            *planes = [h, m, l];
+        }
         for (p, dst) in [&mut *hb, &mut *mb, &mut *lb].into_iter().enumerate() {
             // SAFETY: 16 bytes at c * 16 of a 32-byte block.
-            _mm_storeu_si128(dst.as_mut_ptr().add(c * 16).cast(), bytes(lo8[p], hi8[p]));
+            _mm_storeu_si128(
+                dst.as_mut_ptr().add(c * 16).cast(),
+                bytes(halves[0][p], halves[1][p]),
+            );
         }
     }
 }
