@@ -251,7 +251,6 @@ pub(crate) fn matmul(
                 }
             });
         });
-        crate::qtiles::release_rows(isa, w);
     }
     match err.into_inner().expect("error slot") {
         Some(e) => Err(kernel_err(w, e)),

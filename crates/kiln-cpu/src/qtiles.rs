@@ -31,8 +31,9 @@ fn enabled() -> bool {
 /// prefill their tiles lose to the f32 GEMM (pp512 of the real 270M, Zen
 /// 4: 747-751 tok/s with every product on them, 789-798 with K-quants on
 /// tiles up to 64 tokens; three int8 planes have no edge over f32 FMAs
-/// there), so those products read the mapped rows again, and
-/// [`release_rows`] hands them back after each.
+/// there), so those products read the mapped rows again: faulted back
+/// from the page cache, they then stay (handing them back after every
+/// long product cost a server ~2% at 8 streams in refaults).
 const K_QUANT_MAX_TOKENS: usize = 64;
 
 /// Tokens per call of the tile kernel: a task's output block holds this
@@ -65,22 +66,6 @@ fn tiles<'w>(par: &Par, isa: Isa, w: &'w CpuWeight, n_tok: usize) -> Option<&'w 
             Some(t)
         })
         .as_ref()
-}
-
-/// After a product that read `w`'s mapped rows although it has tiles (a
-/// K-quant prefill of more than [`K_QUANT_MAX_TOKENS`] tokens below AMX):
-/// hands the rows back again, so that resident memory keeps one copy of
-/// the weights (the next long product faults them back from the page
-/// cache, 64 KiB per fault: ~40 faults for a 2.6 MB matrix).
-pub(crate) fn release_rows(isa: Isa, w: &CpuWeight) {
-    if isa < Isa::Amx
-        && w.qtiles
-            .get()
-            .and_then(Option::as_ref)
-            .is_some_and(|t| t.rows() == w.rows)
-    {
-        w.gguf.release_pages(&w.name);
-    }
 }
 
 /// [`crate::matmul::matmul`] on the tiles: `Ok(false)` where they do not
