@@ -55,15 +55,19 @@ impl QuantX {
     /// It runs serially before each decode matmul (the other threads
     /// wait), so where the CPU has AVX2 the same code is compiled for it
     /// (4-wide f64, no FMA contraction in Rust: identical results).
+    /// The level is `Isa::detect()`'s, so a forced `KILN_ISA` runs the
+    /// code that level's CPUs would (the bytes are the same on every one).
     pub fn set(&mut self, x: &[f32]) -> bool {
         #[cfg(target_arch = "x86_64")]
         {
-            if std::arch::is_x86_feature_detected!("avx512f") {
-                // SAFETY: the CPU has AVX-512F.
+            use crate::Isa;
+            let isa = Isa::detect();
+            if isa >= Isa::Avx512 {
+                // SAFETY: the CPU runs `isa`, which includes AVX-512F.
                 return unsafe { self.set_avx512(x) };
             }
-            if std::arch::is_x86_feature_detected!("avx2") {
-                // SAFETY: the CPU has AVX2.
+            if isa >= Isa::Avx2 {
+                // SAFETY: the CPU runs `isa`, which includes AVX2.
                 return unsafe { self.set_avx2(x) };
             }
         }
