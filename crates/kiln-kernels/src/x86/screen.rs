@@ -82,13 +82,13 @@ unsafe fn screen_one<const VNNI: bool>(
     for hs in &mut groups {
         let hs: &mut [f32; GROUP] = hs.try_into().expect("exact chunk");
         // SAFETY: the caller's features; `w` holds these rows.
-        unsafe { rows_avx2::<VNNI, GROUP>(sx, w, row_bytes, r0, hs, &mut max_lo) };
+        unsafe { rows_screen::<VNNI, GROUP>(sx, w, row_bytes, r0, hs, &mut max_lo) };
         r0 += GROUP;
     }
     for h in groups.into_remainder() {
         let hs: &mut [f32; 1] = core::array::from_mut(h);
         // SAFETY: as above.
-        unsafe { rows_avx2::<VNNI, 1>(sx, w, row_bytes, r0, hs, &mut max_lo) };
+        unsafe { rows_screen::<VNNI, 1>(sx, w, row_bytes, r0, hs, &mut max_lo) };
         r0 += 1;
     }
     max_lo
@@ -116,7 +116,7 @@ fn group<const R: usize>(w: &[u8], row_bytes: usize, r0: usize, len: usize) -> [
 /// As [`screen_avx2`], with rows `r0..r0 + R` inside `w`; with `VNNI`,
 /// AVX-512 VL and VNNI.
 #[inline(always)]
-unsafe fn rows_avx2<const VNNI: bool, const R: usize>(
+unsafe fn rows_screen<const VNNI: bool, const R: usize>(
     sx: &ScreenX,
     w: &[u8],
     row_bytes: usize,
