@@ -39,6 +39,9 @@ pub struct CpuWeight {
     /// The rows in tiles for the tiled integer GEMV, made on first use
     /// (see `qtiles`).
     qtiles: std::sync::OnceLock<Option<kiln_kernels::QTiles>>,
+    /// The head's rows split for the one-row screen, made on the first
+    /// greedy step (see `matmul::argmax_screened`).
+    coarse: std::sync::OnceLock<Option<kiln_kernels::CoarseRows>>,
 }
 
 impl CpuWeight {
@@ -237,6 +240,7 @@ impl Backend for CpuBackend {
             row_bytes: info.row_bytes(),
             screen_tiles: std::sync::OnceLock::new(),
             qtiles: std::sync::OnceLock::new(),
+            coarse: std::sync::OnceLock::new(),
         })
     }
 

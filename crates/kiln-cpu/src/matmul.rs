@@ -34,6 +34,52 @@ struct Screen {
     hi: Vec<f32>,
     /// Each chunk's best lower bound.
     parts: Vec<Option<std::result::Result<f32, kiln_kernels::KernelError>>>,
+    /// A candidate's Q8_0 bytes, rebuilt from the coarse split.
+    row: Vec<u8>,
+}
+
+/// `KILN_HEAD_SCREEN` (read once): `Some(true)` for `coarse`,
+/// `Some(false)` for `q8_0`, None when unset or unknown.
+fn head_screen_setting() -> Option<bool> {
+    static SETTING: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    *SETTING.get_or_init(|| match std::env::var("KILN_HEAD_SCREEN").as_deref() {
+        Ok("coarse") => Some(true),
+        Ok("q8_0") => Some(false),
+        _ => None,
+    })
+}
+
+/// The head's coarse split where the one-row screen takes it (see
+/// [`argmax_screened`]), made on first use; the file's rows are then
+/// handed back (re-read, a row at a time, only as token embeddings).
+fn coarse_rows<'w>(par: &Par, isa: Isa, w: &'w CpuWeight) -> Option<&'w kiln_kernels::CoarseRows> {
+    // Forced, it runs where only the portable form does (for tests).
+    if !head_screen_setting().unwrap_or_else(|| kiln_kernels::coarse_screen_runs(isa)) {
+        return None;
+    }
+    w.coarse
+        .get_or_init(|| {
+            let _p = crate::profile::op(|| "  head: packing its coarse split".into(), 0);
+            let pool = Some(par.pool());
+            // Each packed piece's pages go back at once, so the head is
+            // never resident twice.
+            let done = |r: std::ops::Range<usize>| {
+                w.gguf.release_range(&w.name, r);
+            };
+            let data = w.data();
+            let c = kiln_kernels::CoarseRows::pack(
+                w.ty,
+                data,
+                w.row_bytes,
+                w.rows,
+                w.cols,
+                pool,
+                &done,
+            )?;
+            w.gguf.release_pages(&w.name);
+            Some(c)
+        })
+        .as_ref()
 }
 
 pub(crate) fn kernel_err(w: &CpuWeight, e: kiln_kernels::KernelError) -> ModelError {
@@ -302,6 +348,17 @@ pub(crate) fn argmax(par: &Par, isa: Isa, w: &CpuWeight, h: &[f32]) -> Result<Ro
 /// reach the best lower bound are re-scored with the same `gemv` as
 /// [`argmax`], so the pick is identical. `None` when the screen does not
 /// apply (type, non-finite `h` or bounds): the caller runs [`argmax`].
+///
+/// Where the coarse screen has its SIMD form (AVX-512 VNNI + VBMI) the
+/// pass reads the head's coarse split (`kiln_kernels::CoarseRows`: 26
+/// bytes per block of 32 instead of 34, made on the first call, after
+/// which the file's rows are handed back to the OS) and re-scores
+/// candidates from its exact rebuild of their rows. Its bounds are looser
+/// (~150 candidates of 262,144 on the real 270M against ~10); on Zen 4,
+/// real 270M, the head took 3.6-3.7 ms against 4.1 at 2 threads (decode
+/// 132 against 112-125 tok/s), 7.1-7.8 against 7.9-8.1 at one.
+/// `KILN_HEAD_SCREEN=q8_0|coarse` forces one form (`coarse` on any level:
+/// elsewhere the portable form, slower than the Q8_0 screen).
 pub(crate) fn argmax_screened(
     par: &Par,
     isa: Isa,
@@ -317,7 +374,7 @@ pub(crate) fn argmax_screened(
     let n = w.rows.div_ceil(chunk);
     SCREEN.with(|b| {
         // Grown once: a decode step allocates nothing here.
-        let Screen { sx, hi, parts } = &mut *b.borrow_mut();
+        let Screen { sx, hi, parts, row } = &mut *b.borrow_mut();
         if !sx.set(x) {
             return Ok(None);
         }
@@ -326,9 +383,15 @@ pub(crate) fn argmax_screened(
         parts.clear();
         parts.resize(n, None);
         let parts_ptr = SendPtr(parts.as_mut_ptr());
+        let coarse = coarse_rows(par, isa, w);
         par.chunks_mut(&mut hi[..], chunk, |i, hs| {
-            let ws = rows_bytes(w, data, i * chunk, hs.len());
-            let r = kiln_kernels::screen_rows(isa, w.ty, ws, w.row_bytes, sx, hs);
+            let r = match coarse {
+                Some(c) => kiln_kernels::screen_coarse_rows(isa, c, i * chunk, sx, hs),
+                None => {
+                    let ws = rows_bytes(w, data, i * chunk, hs.len());
+                    kiln_kernels::screen_rows(isa, w.ty, ws, w.row_bytes, sx, hs)
+                }
+            };
             // SAFETY: `chunks_mut` hands out each chunk index once and
             // `parts` has one slot per chunk.
             unsafe { *parts_ptr.get().add(i) = Some(r) };
@@ -347,7 +410,14 @@ pub(crate) fn argmax_screened(
         let mut best: Option<(usize, f32)> = None;
         let mut y = [0.0f32];
         for (r, _) in hi.iter().enumerate().filter(|&(_, &v)| v >= floor) {
-            let ws = rows_bytes(w, data, r, 1);
+            let ws = match coarse {
+                Some(c) => {
+                    row.resize(w.cols / 32 * 34, 0);
+                    c.q8_0_row(isa, r, row).map_err(|e| kernel_err(w, e))?;
+                    &row[..]
+                }
+                None => rows_bytes(w, data, r, 1),
+            };
             kiln_kernels::gemv(isa, w.ty, ws, w.row_bytes, w.cols, x, &mut y)
                 .map_err(|e| kernel_err(w, e))?;
             if !y[0].is_finite() {

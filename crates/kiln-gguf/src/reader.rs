@@ -719,6 +719,16 @@ impl Gguf {
     /// was released: no such tensor, a file held in memory, the call
     /// refused.
     pub fn release_pages(&self, name: &str) -> bool {
+        let Some(&i) = self.tensor_index.get(name) else {
+            return false;
+        };
+        self.release_range(name, 0..self.tensors[i].n_bytes as usize)
+    }
+
+    /// [`Gguf::release_pages`] for bytes `range` of tensor `name` only (a
+    /// caller that copies a tensor piece by piece hands each piece back
+    /// as it goes, so the two copies are never resident together).
+    pub fn release_range(&self, name: &str, range: std::ops::Range<usize>) -> bool {
         const SPAN: usize = 64 << 10;
         let Some(&i) = self.tensor_index.get(name) else {
             return false;
@@ -729,9 +739,10 @@ impl Gguf {
             return false;
         };
         let start = (part.data_start + info.offset) as usize;
+        let end = range.end.min(info.n_bytes as usize);
         let (a, b) = (
-            start.next_multiple_of(SPAN),
-            (start + info.n_bytes as usize) / SPAN * SPAN,
+            (start + range.start).next_multiple_of(SPAN),
+            (start + end) / SPAN * SPAN,
         );
         if b <= a {
             return false;

@@ -9,8 +9,9 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use kiln_kernels::{
-    argmax_rows, gemm, gemv, gemv_q, gemv_q_tiles, has_gemv_q, pool::Pool, screen_rows,
-    screen_rows_multi, screen_tiles_multi, Isa, QTiles, QuantX, ScreenTiles, ScreenX,
+    argmax_rows, gemm, gemv, gemv_q, gemv_q_tiles, has_gemv_q, pool::Pool, screen_coarse_rows,
+    screen_rows, screen_rows_multi, screen_tiles_multi, CoarseRows, Isa, QTiles, QuantX,
+    ScreenTiles, ScreenX,
 };
 use kiln_quant::GgmlType;
 
@@ -214,6 +215,19 @@ fn bench_screen(rows: usize, k: usize) {
             "screen lm_head Q8_0 {rows}x{k} {isa:<10} {:>8.1} us ({:.2} GB/s)",
             s * 1e6,
             w.len() as f64 / s / 1e9
+        );
+    }
+    let coarse = CoarseRows::pack(ty, &w, packed, rows, k, None, &|_| {}).expect("Q8_0 rows");
+    let read = coarse.bytes() / 34 * 26;
+    for isa in screen_isas() {
+        let s = time(Duration::from_millis(600), || {
+            black_box(screen_coarse_rows(isa, &coarse, 0, black_box(&sx), &mut hi).unwrap());
+        });
+        println!(
+            "screen lm_head coarse {rows}x{k} {isa:<10} {:>8.1} us ({:.2} GB/s of its {:.1} MB)",
+            s * 1e6,
+            read as f64 / s / 1e9,
+            read as f64 / 1e6
         );
     }
 }

@@ -47,13 +47,17 @@ use std::sync::OnceLock;
 
 use kiln_quant::GgmlType;
 
+pub use coarse::{coarse_screen_runs, screen_coarse_rows, CoarseRows};
 pub use qx::QuantX;
 pub use screen::ScreenX;
 
+mod coarse;
 pub mod pool;
 mod qx;
 mod scalar;
 mod screen;
+#[cfg(test)]
+mod test_util;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 

@@ -15,7 +15,7 @@
 /// Relative rounding slack: the exact kernels and the screen each sum at
 /// most a few hundred f32 terms per row (scalar reference: `k` in order),
 /// far below `γ` for the row lengths of a model's LM head.
-const GAMMA: f64 = 2e-4;
+pub(crate) const GAMMA: f64 = 2e-4;
 
 /// Q8_0-quantized activations with the per-block bound terms, laid out per
 /// 4-byte lane (8 lanes per block) for the SIMD screens.
@@ -34,6 +34,10 @@ pub struct ScreenX {
     /// Per block, what the VNNI screen's inner loop reads, behind one
     /// pointer per activation row.
     pub(crate) vnni: Vec<VnniBlock>,
+    /// Per block, for the screen of [`crate::CoarseRows`]: its bound term
+    /// `c'_b` and its offset `−126.5 · d_b · Σ q` (see `crate::coarse`).
+    pub(crate) coarse_c: Vec<f32>,
+    pub(crate) coarse_off: Vec<f32>,
 }
 
 /// One block of [`ScreenX`] for the VNNI screen.
@@ -67,6 +71,8 @@ impl ScreenX {
         self.lane_d.clear();
         self.lane_c.clear();
         self.vnni.clear();
+        self.coarse_c.clear();
+        self.coarse_off.clear();
         if !x.len().is_multiple_of(32) || x.iter().any(|v| !v.is_finite()) {
             return false;
         }
@@ -90,6 +96,8 @@ impl ScreenX {
             let ce = 128.0 * 32f64.sqrt() * e2.sqrt() * (1.0 + 1e-6);
             let c = ce + GAMMA * 128.0 * (l1x + l1h);
             let c = c as f32 * (1.0 + 1e-6);
+            let cc = crate::coarse::bound_term(ce, l1x, l1h);
+            sx.coarse_c.push(cc);
             sx.d.push(d);
             sx.c.push(c);
             sx.lane_d.extend([d; 8]);
@@ -101,6 +109,11 @@ impl ScreenX {
             d,
         });
         sx.vnni.extend(blocks);
+        let offs = sx.q.chunks_exact(32).zip(&sx.d).map(|(b, &d)| {
+            let sum: i32 = b.iter().map(|&q| i32::from(q)).sum();
+            crate::coarse::offset_term(d, sum)
+        });
+        sx.coarse_off.extend(offs);
         sx.k = x.len();
         true
     }
@@ -180,31 +193,9 @@ pub(crate) fn fold_lo(max_lo: f32, lo: f32, hi: f32) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::ScreenX;
+    use crate::test_util::{random_q8_0, xorshift};
     use crate::{screen_rows, Isa};
     use kiln_quant::GgmlType;
-
-    /// Xorshift64 from `seed`.
-    fn xorshift(mut s: u64) -> impl FnMut() -> u64 {
-        move || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            s
-        }
-    }
-
-    /// `rows` Q8_0 rows of `k` values: scales in ±0.05, random codes.
-    fn random_q8_0(rows: usize, k: usize, rnd: &mut impl FnMut() -> u64) -> Vec<u8> {
-        let mut w = vec![0u8; rows * (k / 32 * 34)];
-        for blk in w.chunks_exact_mut(34) {
-            let d = half::f16::from_f32((rnd() % 1001) as f32 * 1e-4 - 0.05);
-            blk[..2].copy_from_slice(&d.to_le_bytes());
-            for b in &mut blk[2..] {
-                *b = rnd() as u8;
-            }
-        }
-        w
-    }
 
     /// The multi-row screen bounds every exact dot from above, its floors
     /// from below, and agrees with the one-row screen up to summation

@@ -121,6 +121,7 @@ macro_rules! entry_points {
 mod amx;
 mod avx2;
 mod avx512;
+mod coarse;
 mod kern;
 mod qdot;
 pub(crate) mod qtile;
@@ -336,6 +337,52 @@ pub(crate) fn screen_q8_0_multi(
         // SAFETY: as above, AVX2/FMA/F16C.
         _ => unsafe { screen::screen_avx2_multi(sxs, w, row_bytes, hi, lo) },
     }
+}
+
+/// Whether this CPU has AVX-512 VBMI (probed once): the coarse screen's
+/// unpack needs it.
+fn has_vbmi() -> bool {
+    static VBMI: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *VBMI.get_or_init(|| std::arch::is_x86_feature_detected!("avx512vbmi"))
+}
+
+/// Whether [`screen_coarse`] has its SIMD form at `isa` (clamped).
+pub(crate) fn coarse_runs(isa: Isa) -> bool {
+    isa >= Isa::Avx512Vnni && has_vbmi()
+}
+
+/// The coarse one-row screen (see `crate::coarse`); `None` where it has
+/// no SIMD form ([`coarse_runs`]) or rows are longer than the kernel's
+/// stack scratch.
+pub(crate) fn screen_coarse(
+    isa: Isa,
+    sx: &crate::screen::ScreenX,
+    c: &crate::coarse::CoarseRows,
+    r0: usize,
+    hi: &mut [f32],
+) -> Option<f32> {
+    if !coarse_runs(isa) || c.blocks() > coarse::MAX_BLOCKS {
+        return None;
+    }
+    // SAFETY: `isa` is at most `Isa::cpu_max()` and from `Avx512Vnni`, so
+    // AVX2, FMA, F16C, AVX-512 VL and VNNI are present, and VBMI was
+    // probed; the caller checked the rows and the row length.
+    Some(unsafe { coarse::screen_vbmi(sx, c, r0, hi) })
+}
+
+/// A coarse row back as Q8_0 bytes; `false` without VBMI.
+pub(crate) fn coarse_q8_0_row(
+    isa: Isa,
+    c: &crate::coarse::CoarseRows,
+    r: usize,
+    out: &mut [u8],
+) -> bool {
+    if !coarse_runs(isa) {
+        return false;
+    }
+    // SAFETY: as in `screen_coarse`; the caller checked `r` and `out`.
+    unsafe { coarse::q8_0_row(c, r, out) };
+    true
 }
 
 pub(crate) use screen_vnni::Packed;

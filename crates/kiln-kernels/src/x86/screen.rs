@@ -27,7 +27,7 @@ const PREFETCH_GROUPS: usize = 2;
 /// # Safety
 /// SSE enabled (prefetches never fault, any address is fine).
 #[inline(always)]
-unsafe fn sweep_prefetch(base: *const u8, dist: usize, step: usize, i: usize) {
+pub(super) unsafe fn sweep_prefetch(base: *const u8, dist: usize, step: usize, i: usize) {
     let pf = base.wrapping_add(dist + i * step);
     for off in (0..step).step_by(64) {
         // SAFETY: the caller's contract.
@@ -328,7 +328,7 @@ unsafe fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
 }
 
 #[inline(always)]
-unsafe fn hsum8(v: __m256) -> f32 {
+pub(super) unsafe fn hsum8(v: __m256) -> f32 {
     // SAFETY: callers run with AVX enabled.
     unsafe {
         let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));

@@ -75,8 +75,13 @@ impl<B: Backend> Session<B> {
         runner
             .reserve_exact(ids.len().saturating_add(params.max_tokens - 1))
             .map_err(|e| e.at_step(0))?;
+        let need = if step_output == Output::Argmax {
+            Need::Argmax
+        } else {
+            Need::Logits
+        };
         runner
-            .prefill(&ids, Need::Logits, &mut stats)
+            .prefill(&ids, need, &mut stats)
             .map_err(|e| e.at_step(0))?;
         let decode_start = Instant::now();
         let mut decoder = StreamDecoder::new(&self.tokenizer, false);

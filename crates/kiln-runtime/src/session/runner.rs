@@ -24,6 +24,10 @@ pub(super) enum Last {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Need {
     Logits,
+    /// Greedy's pick only: the argmax head, no logits row (on the CPU
+    /// that also spares re-reading the LM head's file rows once its
+    /// coarse screen copy exists).
+    Argmax,
     Hidden,
 }
 
@@ -134,6 +138,7 @@ impl<B: Backend> Runner<B> {
             let mut hidden = std::mem::take(&mut self.hidden_buf);
             let r = tokens.chunks(self.max_prefill).try_for_each(|chunk| {
                 self.run_prefill_chunk(chunk, Output::LastHidden, &mut hidden)
+                    .map(|_| ())
             });
             self.hidden_buf = hidden;
             r?;
@@ -146,7 +151,10 @@ impl<B: Backend> Runner<B> {
     fn prefill_once(&mut self, ids: &[u32], need: Need, stats: &mut Stats) -> Result<()> {
         let have = matches!(
             (self.last, need),
-            (Last::Logits, Need::Logits) | (Last::Hidden, Need::Hidden)
+            // Logits serve a greedy pick too.
+            (Last::Logits, Need::Logits | Need::Argmax)
+                | (Last::Argmax(_), Need::Argmax)
+                | (Last::Hidden, Need::Hidden)
         );
         if self.cached == ids && have {
             stats.reused_tokens = ids.len();
@@ -170,15 +178,16 @@ impl<B: Backend> Runner<B> {
         self.last = Last::None;
         let output = match need {
             Need::Logits => Output::LastLogits,
+            Need::Argmax => Output::Argmax,
             Need::Hidden => Output::LastHidden,
         };
         let chunks: Vec<&[u32]> = ids[start..].chunks(self.max_prefill).collect();
         let n_chunks = chunks.len();
         let mut buf = std::mem::take(match need {
-            Need::Logits => &mut self.logits_buf,
+            Need::Logits | Need::Argmax => &mut self.logits_buf,
             Need::Hidden => &mut self.hidden_buf,
         });
-        let mut result = Ok(());
+        let mut result = Ok(None);
         for (i, chunk) in chunks.into_iter().enumerate() {
             // Earlier chunks only fill the cache: ask for the cheapest output.
             let out = if i + 1 == n_chunks {
@@ -192,10 +201,10 @@ impl<B: Backend> Runner<B> {
             }
         }
         match need {
-            Need::Logits => self.logits_buf = buf,
+            Need::Logits | Need::Argmax => self.logits_buf = buf,
             Need::Hidden => self.hidden_buf = buf,
         }
-        result?;
+        let pick = result?;
         match need {
             Need::Logits => {
                 if let Some(index) = self.logits_buf.iter().position(|l| !l.is_finite()) {
@@ -208,6 +217,10 @@ impl<B: Backend> Runner<B> {
                 }
                 self.last = Last::Logits;
             }
+            Need::Argmax => match pick {
+                Some(t) if (t as usize) < self.model.config.n_vocab => self.last = Last::Argmax(t),
+                _ => return Err(RuntimeError::NonFiniteHidden),
+            },
             Need::Hidden => {
                 check_hidden(&self.hidden_buf)?;
                 self.last = Last::Hidden;
@@ -232,12 +245,13 @@ impl<B: Backend> Runner<B> {
     }
 
     /// One prefill chunk at its bucket's scratch; appends to the cache.
+    /// Returns the argmax head's pick where `output` asks for it.
     pub(super) fn run_prefill_chunk(
         &mut self,
         chunk: &[u32],
         output: Output,
         out: &mut Vec<f32>,
-    ) -> Result<()> {
+    ) -> Result<Option<u32>> {
         let bucket = prefill_bucket(chunk.len(), self.max_prefill);
         self.reserve_kv(self.cache.len() + chunk.len())?;
         let model = &self.model;
@@ -250,11 +264,14 @@ impl<B: Backend> Runner<B> {
         let r = self
             .pool
             .install(|| model.forward(chunk, cache, scratch, output, out));
-        if let Err(e) = r {
-            // A failed forward may have emptied the cache.
-            self.cached.truncate(self.cache.len());
-            return Err(e.into());
-        }
+        let pick = match r {
+            Ok(pick) => pick,
+            Err(e) => {
+                // A failed forward may have emptied the cache.
+                self.cached.truncate(self.cache.len());
+                return Err(e.into());
+            }
+        };
         if let Some(t0) = t0 {
             let secs = t0.elapsed().as_secs_f64();
             eprintln!(
@@ -265,7 +282,7 @@ impl<B: Backend> Runner<B> {
             );
         }
         self.cached.extend_from_slice(chunk);
-        Ok(())
+        Ok(pick)
     }
 
     /// One decode step of token `id` in the 1-token scratch.
