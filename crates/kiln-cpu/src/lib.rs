@@ -5,6 +5,7 @@
 
 mod attention;
 mod buf;
+mod coarse_head;
 mod head;
 mod matmul;
 mod par;
@@ -149,6 +150,12 @@ impl CpuBackend {
         let post = cap.as_ref().map(|f| f as &matmul::Post<'_>);
         matmul::matmul(&self.par, isa, w, 0, w.rows, h, n_tok, out, post)
     }
+}
+
+thread_local! {
+    /// A row of [`CpuBackend::embed`] rebuilt from a coarse copy, grown
+    /// once.
+    static EMBED_ROW: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 fn dequant(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
@@ -302,23 +309,35 @@ impl Backend for CpuBackend {
         let cols = table.cols;
         check("embed", ids.len() * cols, out.len())?;
         let data = table.data();
-        for (t, &id) in ids.iter().enumerate() {
-            let r = id as usize;
-            if r >= table.rows {
-                return Err(ModelError::Invalid(format!(
-                    "token {id} out of range for {} ({} rows)",
-                    table.name, table.rows
-                )));
+        // A tied head's coarse copy, where it exists, is the table's
+        // resident copy: its rows are rebuilt from there (the same bytes)
+        // rather than faulting the file's rows back in.
+        let coarse = table.coarse.get().and_then(Option::as_ref);
+        EMBED_ROW.with(|buf| {
+            let mut buf = buf.borrow_mut();
+            for (t, &id) in ids.iter().enumerate() {
+                let r = id as usize;
+                if r >= table.rows {
+                    return Err(ModelError::Invalid(format!(
+                        "token {id} out of range for {} ({} rows)",
+                        table.name, table.rows
+                    )));
+                }
+                let row = match coarse {
+                    Some(c) => {
+                        buf.resize(table.row_bytes, 0);
+                        c.q8_0_row(self.isa, r, &mut buf)
+                            .map_err(|e| matmul::kernel_err(table, e))?;
+                        &buf[..]
+                    }
+                    None => &data[r * table.row_bytes..(r + 1) * table.row_bytes],
+                };
+                let dst = &mut out[t * cols..(t + 1) * cols];
+                dequant(table.ty, row, dst);
+                dst.iter_mut().for_each(|v| *v *= scale);
             }
-            let dst = &mut out[t * cols..(t + 1) * cols];
-            dequant(
-                table.ty,
-                &data[r * table.row_bytes..(r + 1) * table.row_bytes],
-                dst,
-            );
-            dst.iter_mut().for_each(|v| *v *= scale);
-        }
-        Ok(())
+            Ok(())
+        })
     }
 
     fn matmul(

@@ -36,50 +36,10 @@ struct Screen {
     parts: Vec<Option<std::result::Result<f32, kiln_kernels::KernelError>>>,
     /// A candidate's Q8_0 bytes, rebuilt from the coarse split.
     row: Vec<u8>,
-}
-
-/// `KILN_HEAD_SCREEN` (read once): `Some(true)` for `coarse`,
-/// `Some(false)` for `q8_0`, None when unset or unknown.
-fn head_screen_setting() -> Option<bool> {
-    static SETTING: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
-    *SETTING.get_or_init(|| match std::env::var("KILN_HEAD_SCREEN").as_deref() {
-        Ok("coarse") => Some(true),
-        Ok("q8_0") => Some(false),
-        _ => None,
-    })
-}
-
-/// The head's coarse split where the one-row screen takes it (see
-/// [`argmax_screened`]), made on first use; the file's rows are then
-/// handed back (re-read, a row at a time, only as token embeddings).
-fn coarse_rows<'w>(par: &Par, isa: Isa, w: &'w CpuWeight) -> Option<&'w kiln_kernels::CoarseRows> {
-    // Forced, it runs where only the portable form does (for tests).
-    if !head_screen_setting().unwrap_or_else(|| kiln_kernels::coarse_screen_runs(isa)) {
-        return None;
-    }
-    w.coarse
-        .get_or_init(|| {
-            let _p = crate::profile::op(|| "  head: packing its coarse split".into(), 0);
-            let pool = Some(par.pool());
-            // Each packed piece's pages go back at once, so the head is
-            // never resident twice.
-            let done = |r: std::ops::Range<usize>| {
-                w.gguf.release_range(&w.name, r);
-            };
-            let data = w.data();
-            let c = kiln_kernels::CoarseRows::pack(
-                w.ty,
-                data,
-                w.row_bytes,
-                w.rows,
-                w.cols,
-                pool,
-                &done,
-            )?;
-            w.gguf.release_pages(&w.name);
-            Some(c)
-        })
-        .as_ref()
+    /// The rows to re-score, ascending.
+    cands: Vec<u32>,
+    /// `crate::coarse_head::narrow`'s buffers.
+    refine: crate::coarse_head::Narrow,
 }
 
 pub(crate) fn kernel_err(w: &CpuWeight, e: kiln_kernels::KernelError) -> ModelError {
@@ -374,7 +334,14 @@ pub(crate) fn argmax_screened(
     let n = w.rows.div_ceil(chunk);
     SCREEN.with(|b| {
         // Grown once: a decode step allocates nothing here.
-        let Screen { sx, hi, parts, row } = &mut *b.borrow_mut();
+        let Screen {
+            sx,
+            hi,
+            parts,
+            row,
+            cands,
+            refine,
+        } = &mut *b.borrow_mut();
         if !sx.set(x) {
             return Ok(None);
         }
@@ -383,7 +350,7 @@ pub(crate) fn argmax_screened(
         parts.clear();
         parts.resize(n, None);
         let parts_ptr = SendPtr(parts.as_mut_ptr());
-        let coarse = coarse_rows(par, isa, w);
+        let coarse = crate::coarse_head::rows(par, isa, w);
         par.chunks_mut(&mut hi[..], chunk, |i, hs| {
             let r = match coarse {
                 Some(c) => kiln_kernels::screen_coarse_rows(isa, c, i * chunk, sx, hs),
@@ -407,9 +374,19 @@ pub(crate) fn argmax_screened(
             }
             floor = floor.max(m);
         }
+        // Sized for every row once: no later step allocates.
+        cands.reserve(w.rows.saturating_sub(cands.len()));
+        cands.clear();
+        let rows = hi.iter().enumerate().filter(|&(_, &v)| v >= floor);
+        cands.extend(rows.map(|(r, _)| r as u32));
+        if let Some(c) = coarse {
+            if !crate::coarse_head::narrow(par, isa, w, c, sx, &mut floor, cands, refine)? {
+                return Ok(None);
+            }
+        }
         let mut best: Option<(usize, f32)> = None;
         let mut y = [0.0f32];
-        for (r, _) in hi.iter().enumerate().filter(|&(_, &v)| v >= floor) {
+        for r in cands.iter().map(|&r| r as usize) {
             let ws = match coarse {
                 Some(c) => {
                     row.resize(w.cols / 32 * 34, 0);

@@ -5,8 +5,47 @@
 
 mod common;
 
+use kiln_kernels::Isa;
+use kiln_model::Output;
+
 #[test]
 fn forced_coarse_screen_matches_the_logits_argmax() {
     std::env::set_var("KILN_HEAD_SCREEN", "coarse");
+    // Every candidate set above 4 rows is narrowed (the fixtures' heads
+    // are small).
+    std::env::set_var("KILN_NARROW_MIN", "4");
     common::check_single_greedy_heads();
+    flat_distributions_on_the_real_model();
+}
+
+/// The real 270M after a prompt of random tokens: a flat distribution,
+/// where the coarse bounds leave thousands of candidates (91,734 of
+/// 262,144 after 4,096 such tokens) for the Q8_0 screen of their rebuilt
+/// rows to narrow before the exact re-scoring.
+fn flat_distributions_on_the_real_model() {
+    let mut s = 0x9e37_79b9_7f4a_7c15u64;
+    let prompt: Vec<u32> = (0..96)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s % 262_000) as u32
+        })
+        .collect();
+    for isa in [Isa::Scalar, Isa::detect()] {
+        let m = common::load_isa(&kiln_testdata::real_model(), isa);
+        let (mut ca, mut cb) = (m.new_cache().unwrap(), m.new_cache().unwrap());
+        let mut sc = m.new_scratch(prompt.len()).unwrap();
+        let (mut logits, mut input) = (Vec::new(), prompt.clone());
+        for step in 0..3 {
+            m.forward(&input, &mut ca, &mut sc, Output::LastLogits, &mut logits)
+                .unwrap();
+            let got = m
+                .forward(&input, &mut cb, &mut sc, Output::Argmax, &mut Vec::new())
+                .unwrap();
+            let want = common::argmax(&logits) as u32;
+            assert_eq!(got, Some(want), "real 270M {isa} step {step}");
+            input = vec![want];
+        }
+    }
 }
