@@ -134,7 +134,8 @@ struct TypeKernels {
     /// In [`MMA_SHAPES`] order: the tensor-core GEMM and greedy head.
     mma: Vec<CudaFunction>,
     mma_argmax: Vec<CudaFunction>,
-    /// `KILN_CUDA_MMA=2`: x split once per product, then the GEMM.
+    /// By default (not `KILN_CUDA_MMA=1`): x split once per product, then
+    /// the GEMM.
     mma2_split_x: CudaFunction,
     mma2: Vec<CudaFunction>,
     mma2_argmax: Vec<CudaFunction>,
@@ -395,8 +396,8 @@ impl Matmul {
     /// go to the lowest r, and any non-finite dot gives `u32::MAX` (the
     /// host reports it). Nothing is copied to the host and nothing
     /// allocated. Up to 4 rows take the streaming kernels (stream.rs), more
-    /// the tiled one (or from 8 rows the tensor cores, with
-    /// `KILN_CUDA_MMA_HEAD=1`: mma.rs); each reads every head row once for
+    /// the tiled one (from 8 rows the tensor cores, unless
+    /// `KILN_CUDA_MMA_HEAD=0`: mma.rs); each reads every head row once for
     /// all rows (once per 64 rows on the tensor cores).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn argmax(

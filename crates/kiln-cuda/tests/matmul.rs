@@ -473,7 +473,7 @@ fn argmax_of_several_rows_matches_cpu_with_ties_and_nan() {
     let mut rng = Rng(29);
     let mut fails = Vec::new();
     // 67 rows: two token tiles of 64; 9: one padded tile of 16 (with
-    // KILN_CUDA_MMA_HEAD=1 both on the tensor cores); 16 over 60,000 rows:
+    // by default both on the tensor cores); 16 over 60,000 rows:
     // more row tiles than the tensor-core head has resident CTAs, so CTAs
     // take several; 5: the tiled head's padded tile of 8; 2 and 3: the
     // streaming heads of 2 and 4 rows.

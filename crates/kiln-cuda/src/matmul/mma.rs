@@ -5,10 +5,11 @@
 //! (F32 and F16 are not exact in bfloat16 and keep the f32 kernels). It
 //! takes every product of 8 or more token rows (batched decode and
 //! prefill), where it measured faster than the f32 kernels on the H200
-//! ([`MMA_MIN_TOKENS`]); `KILN_CUDA_MMA=0` sends none (A/B timing, and
-//! the f32 kernels' tests). `KILN_CUDA_MMA=2` sends products of up to 128
-//! rows to `mma2_gemm` (mma2.cu: x split once per product, ~30% fewer
-//! instructions per k step by the SASS), not yet timed on a GPU.
+//! ([`MMA_MIN_TOKENS`]); products of up to 128 rows go to `mma2_gemm`
+//! (mma2.cu: x split once per product, ~30% fewer instructions per k step
+//! by the SASS; with the head below, batched decode 18-30% faster on an
+//! H100). `KILN_CUDA_MMA=1` keeps every product on `mma_gemm` and
+//! `KILN_CUDA_MMA=0` sends none (A/B timing, and the f32 kernels' tests).
 
 use cudarc::driver::{CudaFunction, CudaSlice, CudaView, DevicePtr, LaunchConfig};
 use kiln_model::Result;
@@ -88,13 +89,17 @@ const MMA_MIN_TOKENS: usize = 8;
 /// Which products take the tensor-core GEMM (`KILN_CUDA_MMA`).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(super) enum MmaMode {
-    /// Unset (or `all`): every product of [`MMA_MIN_TOKENS`] or more rows.
-    /// Prefill too: at 512 rows it is 0.8-1.25x the f32 SGEMM per matrix,
-    /// and a whole 512-token prefill 1.10x (4B) to 1.18x (1B) faster.
+    /// `1`: every product of [`MMA_MIN_TOKENS`] or more rows on
+    /// `mma_gemm`. Prefill too: at 512 rows it is 0.8-1.25x the f32 SGEMM
+    /// per matrix, and a whole 512-token prefill 1.10x (4B) to 1.18x (1B)
+    /// faster.
     On,
-    /// `2`: as `On`, with products of up to [`MMA2_MAX_TOKENS`] rows on
-    /// `mma2_gemm` (x split once per product; mma2.cu). Not yet timed on
-    /// a GPU (written 2026-12-05 while none was lent).
+    /// Unset (or `2`): as `On`, with products of up to [`MMA2_MAX_TOKENS`]
+    /// rows on `mma2_gemm` (x split once per product; mma2.cu). H100,
+    /// 2026-12-05 (bench/RESULTS.md), batched decode without the
+    /// tensor-core head: 1B 16 / 64 rows 4,804 / 11,202 tok/s against
+    /// 4,596 / 10,277 on `mma_gemm`, 4B 1,975 / 3,639 against 1,810 /
+    /// 3,389.
     Split,
     /// `0`: none (the f32 kernels, for A/B timing).
     Off,
@@ -105,20 +110,21 @@ pub(super) fn mma_mode() -> MmaMode {
     *MODE.get_or_init(
         || match std::env::var("KILN_CUDA_MMA").as_deref().map(str::trim) {
             Ok("0") => MmaMode::Off,
-            Ok("2") => MmaMode::Split,
-            _ => MmaMode::On,
+            Ok("1") => MmaMode::On,
+            _ => MmaMode::Split,
         },
     )
 }
 
-/// `KILN_CUDA_MMA_HEAD=1`: the greedy head of 8 or more rows on the
-/// tensor cores ([`Matmul::mma_argmax`]) rather than the f32 tiled head.
-/// Off until it is timed on a GPU (written while none was lent): on the
-/// H200 the tiled head took ~3 ms of a 4B 64-row step (bench/RESULTS.md,
-/// 2026-12-04), f32 FMAs over 262,144 rows.
+/// The greedy head of 8 or more rows on the tensor cores
+/// ([`Matmul::mma_argmax`]) rather than the f32 tiled head, unless
+/// `KILN_CUDA_MMA_HEAD=0`. H100, 2026-12-05 (bench/RESULTS.md), batched
+/// decode with `mma2_gemm`: 1B 16 / 64 rows 5,980 / 12,968 tok/s against
+/// 4,804 / 11,202 with the tiled head, 4B 2,350 / 4,000 against 1,975 /
+/// 3,639.
 pub(super) fn mma_head_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("KILN_CUDA_MMA_HEAD").is_ok_and(|v| v.trim() == "1"))
+    *ON.get_or_init(|| !std::env::var("KILN_CUDA_MMA_HEAD").is_ok_and(|v| v.trim() == "0"))
 }
 
 /// Whether `n_tok` token rows take the tensor-core GEMM in `mode`.
@@ -198,7 +204,7 @@ fn mma_plan<'a>(
 }
 
 impl Matmul {
-    /// The product by `mma2_gemm` where `KILN_CUDA_MMA=2` asks for it and
+    /// The product by `mma2_gemm` where the mode asks for it (the default) and
     /// it applies (at most [`MMA2_MAX_TOKENS`] rows of at most
     /// [`MMA2_MAX_K`] values); `Ok(false)` leaves it to `mma_gemm`.
     #[allow(clippy::too_many_arguments)]
@@ -231,7 +237,7 @@ impl Matmul {
     }
 
     /// Whether `n_tok` rows of `w` take the split-x kernels
-    /// (`KILN_CUDA_MMA=2` and within the workspace).
+    /// (the default mode, within the workspace).
     fn mma2_fits(&self, w: &CudaWeight, n_tok: usize) -> bool {
         mma_mode() == MmaMode::Split && n_tok <= MMA2_MAX_TOKENS && w.cols <= MMA2_MAX_K
     }
