@@ -12,7 +12,7 @@
 use kiln_kernels::{CoarseRows, Isa, KernelError, ScreenX};
 use kiln_model::Result;
 
-use crate::matmul::kernel_err;
+use crate::matmul::{best_floor, kernel_err};
 use crate::par::{Par, SendPtr};
 use crate::CpuWeight;
 
@@ -94,6 +94,26 @@ pub(crate) fn rows<'w>(par: &Par, isa: Isa, w: &'w CpuWeight) -> Option<&'w Coar
         .as_ref()
 }
 
+/// Row `r` of `w` (`data`, its file bytes) as its packed bytes: rebuilt
+/// into `buf` from the coarse copy where one exists (the file's rows were
+/// handed back), else the file's.
+pub(crate) fn row<'a>(
+    isa: Isa,
+    w: &CpuWeight,
+    data: &'a [u8],
+    r: usize,
+    buf: &'a mut Vec<u8>,
+) -> Result<&'a [u8]> {
+    match w.coarse.get().and_then(Option::as_ref) {
+        Some(c) => {
+            buf.resize(w.row_bytes, 0);
+            c.q8_0_row(isa, r, buf).map_err(|e| kernel_err(w, e))?;
+            Ok(&buf[..])
+        }
+        None => Ok(&data[r * w.row_bytes..(r + 1) * w.row_bytes]),
+    }
+}
+
 /// Where the coarse screen left more than [`narrow_min`] candidates
 /// (ascending rows of `c`, all of upper bound ≥ `floor`): screens their
 /// rebuilt rows with the Q8_0 screen against the same `sx`, raises
@@ -144,15 +164,10 @@ pub(crate) fn narrow(
         // `parts` has a slot for each of the at most `tasks` chunks.
         unsafe { *parts.get().add(i) = Some(r) };
     });
-    for p in b.parts.iter_mut().take(n.div_ceil(per_task)) {
-        let m = p
-            .take()
-            .expect("every chunk ran")
-            .map_err(|e| kernel_err(w, e))?;
-        if m.is_nan() {
-            return Ok(false);
-        }
-        *floor = floor.max(m);
+    let ran = b.parts.iter_mut().take(n.div_ceil(per_task));
+    match best_floor(w, ran, *floor)? {
+        Some(f) => *floor = f,
+        None => return Ok(false),
     }
     let mut kept = 0;
     for j in 0..n {

@@ -312,7 +312,6 @@ impl Backend for CpuBackend {
         // A tied head's coarse copy, where it exists, is the table's
         // resident copy: its rows are rebuilt from there (the same bytes)
         // rather than faulting the file's rows back in.
-        let coarse = table.coarse.get().and_then(Option::as_ref);
         EMBED_ROW.with(|buf| {
             let mut buf = buf.borrow_mut();
             for (t, &id) in ids.iter().enumerate() {
@@ -323,15 +322,7 @@ impl Backend for CpuBackend {
                         table.name, table.rows
                     )));
                 }
-                let row = match coarse {
-                    Some(c) => {
-                        buf.resize(table.row_bytes, 0);
-                        c.q8_0_row(self.isa, r, &mut buf)
-                            .map_err(|e| matmul::kernel_err(table, e))?;
-                        &buf[..]
-                    }
-                    None => &data[r * table.row_bytes..(r + 1) * table.row_bytes],
-                };
+                let row = coarse_head::row(self.isa, table, data, r, &mut buf)?;
                 let dst = &mut out[t * cols..(t + 1) * cols];
                 dequant(table.ty, row, dst);
                 dst.iter_mut().for_each(|v| *v *= scale);

@@ -42,6 +42,27 @@ struct Screen {
     refine: crate::coarse_head::Narrow,
 }
 
+/// A screen's floor: the largest of `floor` and the tasks' lower bounds
+/// (`parts`, each taken: every task ran); None when one is NaN (a bound
+/// was not finite: take the exact path).
+pub(crate) fn best_floor<'a>(
+    w: &CpuWeight,
+    parts: impl Iterator<Item = &'a mut Option<std::result::Result<f32, kiln_kernels::KernelError>>>,
+    mut floor: f32,
+) -> Result<Option<f32>> {
+    for p in parts {
+        let m = p
+            .take()
+            .expect("every chunk ran")
+            .map_err(|e| kernel_err(w, e))?;
+        if m.is_nan() {
+            return Ok(None);
+        }
+        floor = floor.max(m);
+    }
+    Ok(Some(floor))
+}
+
 pub(crate) fn kernel_err(w: &CpuWeight, e: kiln_kernels::KernelError) -> ModelError {
     ModelError::Backend(format!("{}: {e}", w.name))
 }
@@ -363,17 +384,9 @@ pub(crate) fn argmax_screened(
             // `parts` has one slot per chunk.
             unsafe { *parts_ptr.get().add(i) = Some(r) };
         });
-        let mut floor = f32::NEG_INFINITY;
-        for p in parts.iter_mut() {
-            let m = p
-                .take()
-                .expect("every chunk ran")
-                .map_err(|e| kernel_err(w, e))?;
-            if m.is_nan() {
-                return Ok(None);
-            }
-            floor = floor.max(m);
-        }
+        let Some(mut floor) = best_floor(w, parts.iter_mut(), f32::NEG_INFINITY)? else {
+            return Ok(None);
+        };
         // Sized for every row once: no later step allocates.
         cands.reserve(w.rows.saturating_sub(cands.len()));
         cands.clear();
@@ -387,14 +400,7 @@ pub(crate) fn argmax_screened(
         let mut best: Option<(usize, f32)> = None;
         let mut y = [0.0f32];
         for r in cands.iter().map(|&r| r as usize) {
-            let ws = match coarse {
-                Some(c) => {
-                    row.resize(w.cols / 32 * 34, 0);
-                    c.q8_0_row(isa, r, row).map_err(|e| kernel_err(w, e))?;
-                    &row[..]
-                }
-                None => rows_bytes(w, data, r, 1),
-            };
+            let ws = crate::coarse_head::row(isa, w, data, r, row)?;
             kiln_kernels::gemv(isa, w.ty, ws, w.row_bytes, w.cols, x, &mut y)
                 .map_err(|e| kernel_err(w, e))?;
             if !y[0].is_finite() {

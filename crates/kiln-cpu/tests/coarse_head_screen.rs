@@ -5,8 +5,7 @@
 
 mod common;
 
-use kiln_kernels::Isa;
-use kiln_model::Output;
+use kiln_cpu::Isa;
 
 #[test]
 fn forced_coarse_screen_matches_the_logits_argmax() {
@@ -34,18 +33,6 @@ fn flat_distributions_on_the_real_model() {
         .collect();
     for isa in [Isa::Scalar, Isa::detect()] {
         let m = common::load_isa(&kiln_testdata::real_model(), isa);
-        let (mut ca, mut cb) = (m.new_cache().unwrap(), m.new_cache().unwrap());
-        let mut sc = m.new_scratch(prompt.len()).unwrap();
-        let (mut logits, mut input) = (Vec::new(), prompt.clone());
-        for step in 0..3 {
-            m.forward(&input, &mut ca, &mut sc, Output::LastLogits, &mut logits)
-                .unwrap();
-            let got = m
-                .forward(&input, &mut cb, &mut sc, Output::Argmax, &mut Vec::new())
-                .unwrap();
-            let want = common::argmax(&logits) as u32;
-            assert_eq!(got, Some(want), "real 270M {isa} step {step}");
-            input = vec![want];
-        }
+        common::check_greedy_steps(&m, &prompt, 3, &format!("real 270M {isa}"));
     }
 }

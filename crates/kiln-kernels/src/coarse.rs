@@ -36,10 +36,8 @@ use crate::{Isa, KernelError};
 
 /// Bytes per block the screen reads: scale and codes.
 pub(crate) const SCREEN_BLOCK: usize = 26;
-/// Zero bytes before the first row (room for loads that start before a
-/// block; none does now) and after the last (the SIMD unpack loads 32
-/// bytes for a block's 24).
-pub(crate) const HEAD: usize = 4;
+/// Zero bytes after the last row: the SIMD unpack loads 32 bytes for a
+/// block's 24.
 const TAIL: usize = 8;
 /// Bytes per block of low bits.
 pub(crate) const LOW_BLOCK: usize = 8;
@@ -48,7 +46,7 @@ pub(crate) const LOW_BLOCK: usize = 8;
 pub struct CoarseRows {
     rows: usize,
     nb: usize,
-    /// [`HEAD`] bytes, then per row scales and codes, then [`TAIL`].
+    /// Per row scales and codes, then [`TAIL`].
     screen: Vec<u8>,
     /// Per row: the low bits' crumbs.
     low: Vec<u8>,
@@ -91,31 +89,16 @@ impl CoarseRows {
         }
         let nb = k / 32;
         // Zeroed allocations: pages are committed as packing writes them.
-        let screen = zeroed(HEAD + rows * nb * SCREEN_BLOCK + TAIL)?;
-        let low = zeroed(rows * nb * LOW_BLOCK)?;
-        let (mut screen, mut low) = (screen, low);
-        let parts = screen[HEAD..]
+        let mut screen = zeroed(rows * nb * SCREEN_BLOCK + TAIL)?;
+        let mut low = zeroed(rows * nb * LOW_BLOCK)?;
+        let parts = screen[..rows * nb * SCREEN_BLOCK]
             .chunks_mut(TASK_ROWS * nb * SCREEN_BLOCK)
             .zip(low.chunks_mut(TASK_ROWS * nb * LOW_BLOCK));
-        match pool {
-            Some(pool) if rows > TASK_ROWS => {
-                // Each task locks its own chunk: no contention.
-                let chunks: Vec<std::sync::Mutex<(&mut [u8], &mut [u8])>> =
-                    parts.map(std::sync::Mutex::new).collect();
-                pool.run(chunks.len(), |c| {
-                    let mut part = chunks[c].lock().unwrap_or_else(|p| p.into_inner());
-                    let (s, l) = &mut *part;
-                    pack_rows(&w[c * TASK_ROWS * row_bytes..], row_bytes, nb, s, l);
-                    done(c * TASK_ROWS * row_bytes..((c + 1) * TASK_ROWS * row_bytes).min(w.len()));
-                });
-            }
-            _ => {
-                for (c, (s, l)) in parts.enumerate() {
-                    pack_rows(&w[c * TASK_ROWS * row_bytes..], row_bytes, nb, s, l);
-                    done(c * TASK_ROWS * row_bytes..((c + 1) * TASK_ROWS * row_bytes).min(w.len()));
-                }
-            }
-        }
+        crate::pool::run_parts(pool, parts, |c, (s, l)| {
+            let src = c * TASK_ROWS * row_bytes..((c + 1) * TASK_ROWS * row_bytes).min(w.len());
+            pack_rows(&w[src.start..], row_bytes, nb, s, l);
+            done(src);
+        });
         Some(CoarseRows {
             rows,
             nb,
@@ -143,13 +126,12 @@ impl CoarseRows {
     pub(crate) fn row(&self, r: usize) -> (&[u8], &[u8]) {
         let nb = self.nb;
         (
-            &self.screen[HEAD + r * nb * SCREEN_BLOCK..][..nb * SCREEN_BLOCK],
+            &self.screen[r * nb * SCREEN_BLOCK..][..nb * SCREEN_BLOCK],
             &self.low[r * nb * LOW_BLOCK..][..nb * LOW_BLOCK],
         )
     }
 
-    /// The screen parts of rows `r0..`, contiguous, from [`HEAD`] bytes
-    /// before row `r0` (zeros or the row before's) to the zero tail.
+    /// The screen parts of rows `r0..`, contiguous, and the zero tail.
     pub(crate) fn screen_from(&self, r0: usize) -> &[u8] {
         &self.screen[r0 * self.nb * SCREEN_BLOCK..]
     }

@@ -153,6 +153,26 @@ impl Pool {
     }
 }
 
+/// `f(i, &mut part_i)` for each of `parts` (one-time work split in pieces,
+/// such as packing a weight): on `pool` where given, each task locking its
+/// own part (no contention), else in order on this thread.
+pub fn run_parts<T: Send>(
+    pool: Option<&Pool>,
+    parts: impl Iterator<Item = T>,
+    f: impl Fn(usize, &mut T) + Sync,
+) {
+    match pool {
+        Some(pool) => {
+            let parts: Vec<Mutex<T>> = parts.map(Mutex::new).collect();
+            pool.run(parts.len(), |i| {
+                let mut part = parts[i].lock().unwrap_or_else(|p| p.into_inner());
+                f(i, &mut part);
+            });
+        }
+        None => parts.enumerate().for_each(|(i, mut p)| f(i, &mut p)),
+    }
+}
+
 fn take_tasks(sh: &Shared, f: &Job<'_>) {
     let n = sh.n_tasks.load(Ordering::Relaxed);
     loop {

@@ -150,20 +150,26 @@ pub fn check_single_greedy_heads() {
                 isa: Some(isa),
             };
             let m = Model::load(CpuBackend::with_config(cfg), g.clone()).unwrap();
-            // Same tokens into two caches: one for logits, one for Argmax.
-            let (mut ca, mut cb) = (m.new_cache().unwrap(), m.new_cache().unwrap());
-            let mut s = m.new_scratch(prompt.len()).unwrap();
-            let (mut logits, mut input) = (Vec::new(), prompt.clone());
-            for step in 0..8 {
-                m.forward(&input, &mut ca, &mut s, Output::LastLogits, &mut logits)
-                    .unwrap();
-                let got = m
-                    .forward(&input, &mut cb, &mut s, Output::Argmax, &mut Vec::new())
-                    .unwrap();
-                let want = argmax(&logits) as u32;
-                assert_eq!(got, Some(want), "{model} {isa} step {step}");
-                input = vec![want];
-            }
+            check_greedy_steps(&m, &prompt, 8, &format!("{model} {isa}"));
         }
+    }
+}
+
+/// Checks that `m`'s greedy head picks its logits' argmax after `prompt`
+/// and for `steps - 1` decode steps after it (`what` names the case).
+pub fn check_greedy_steps(m: &Model<CpuBackend>, prompt: &[u32], steps: usize, what: &str) {
+    // Same tokens into two caches: one for logits, one for Argmax.
+    let (mut ca, mut cb) = (m.new_cache().unwrap(), m.new_cache().unwrap());
+    let mut s = m.new_scratch(prompt.len()).unwrap();
+    let (mut logits, mut input) = (Vec::new(), prompt.to_vec());
+    for step in 0..steps {
+        m.forward(&input, &mut ca, &mut s, Output::LastLogits, &mut logits)
+            .unwrap();
+        let got = m
+            .forward(&input, &mut cb, &mut s, Output::Argmax, &mut Vec::new())
+            .unwrap();
+        let want = argmax(&logits) as u32;
+        assert_eq!(got, Some(want), "{what} step {step}");
+        input = vec![want];
     }
 }

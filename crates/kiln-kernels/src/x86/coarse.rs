@@ -9,7 +9,7 @@
 use core::arch::x86_64::*;
 use core::mem::MaybeUninit;
 
-use crate::coarse::{CoarseRows, HEAD, SCREEN_BLOCK};
+use crate::coarse::{CoarseRows, SCREEN_BLOCK};
 use crate::screen::{fold_lo, ScreenX, ABS_SLACK};
 
 use super::screen::sweep_prefetch;
@@ -110,13 +110,12 @@ unsafe fn rows_screen<const R: usize>(
 ) {
     let nb = c.blocks();
     let stride = nb * SCREEN_BLOCK;
-    // From `HEAD` bytes before row `r0`, to the zero tail.
+    // Rows `r0..` and the zero tail.
     let base = c.screen_from(r0);
-    assert!(base.len() >= HEAD + R * stride);
+    assert!(base.len() >= R * stride);
     // SAFETY: inside `base` (asserted); pointers into all of it, not a
-    // row's slice, as the unpack reads past the row's ends.
-    let rows: [*const u8; R] =
-        core::array::from_fn(|i| unsafe { base.as_ptr().add(HEAD + i * stride) });
+    // row's slice, as the unpack reads past the last block.
+    let rows: [*const u8; R] = core::array::from_fn(|i| unsafe { base.as_ptr().add(i * stride) });
     // Not zeroed (8 KiB a group, for ~2 KiB of rows): `row_terms` writes
     // the first `nb` of each before the block loop reads them.
     let mut s4 = [[MaybeUninit::<f32>::uninit(); MAX_BLOCKS]; R];
@@ -218,13 +217,12 @@ unsafe fn row_terms(
 pub(super) unsafe fn q8_0_row(c: &CoarseRows, r: usize, out: &mut [u8]) {
     let nb = c.blocks();
     let (_, low) = c.row(r);
-    // From all of the rest of the rows: the unpack reads past the row.
+    // All of the rest of the rows: the unpack reads past the row.
     let tail = c.screen_from(r);
-    assert!(tail.len() >= HEAD + nb * SCREEN_BLOCK);
-    // SAFETY: inside `tail` (asserted).
-    let row = unsafe { tail.as_ptr().add(HEAD) };
+    assert!(tail.len() >= nb * SCREEN_BLOCK);
+    let row = tail.as_ptr();
     for (b, blk) in out.chunks_exact_mut(34).enumerate() {
-        blk[..2].copy_from_slice(&tail[HEAD + 2 * b..][..2]);
+        blk[..2].copy_from_slice(&tail[2 * b..][..2]);
         // SAFETY: `row` and `low` hold block `b`; `blk` its 32 codes.
         unsafe {
             let u = unpack_u(row, nb, b);

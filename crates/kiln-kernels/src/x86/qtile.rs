@@ -413,20 +413,8 @@ impl Tiles {
                 }
             }
         };
-        match pool {
-            Some(pool) if tiles > TASK_TILES => {
-                // Each task locks its own chunk: no contention.
-                let chunks: Vec<std::sync::Mutex<&mut [u8]>> = bytes
-                    .chunks_mut(TASK_TILES * nsb * per)
-                    .map(std::sync::Mutex::new)
-                    .collect();
-                pool.run(chunks.len(), |c| {
-                    let mut out = chunks[c].lock().unwrap_or_else(|p| p.into_inner());
-                    pack_tiles(c * TASK_TILES, &mut out);
-                });
-            }
-            _ => pack_tiles(0, &mut bytes),
-        }
+        let chunks = bytes.chunks_mut(TASK_TILES * nsb * per);
+        crate::pool::run_parts(pool, chunks, |c, out| pack_tiles(c * TASK_TILES, out));
         Some(Tiles {
             ty,
             nsb,
