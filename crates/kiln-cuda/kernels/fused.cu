@@ -111,10 +111,13 @@ struct HeadsArgs {
 
 // Block (row t, head): the head goes through shared memory: normed (when
 // its part has a weight), rotated (pairs i, i + half, when its part is
-// roped), written to its part's row.
+// roped), written to its part's row. The rotation's sines and cosines
+// (f64, the CPU's) depend only on the row's position, which the host
+// staged before the step's first kernel ran, so they are computed before
+// waiting for the projection that writes `src`.
 extern "C" __global__ void split_heads(HeadsArgs a) {
-    KERNEL_PROLOGUE();
     __shared__ float v[MAX_HEAD_DIM];
+    __shared__ float rot_cos[MAX_HEAD_DIM / 2], rot_sin[MAX_HEAD_DIM / 2];
     __shared__ double scratch[32];
     const u32 t = blockIdx.x, hd = a.head_dim;
     u32 h = blockIdx.y, p = 0, off = 0;
@@ -123,6 +126,17 @@ extern "C" __global__ void split_heads(HeadsArgs a) {
         h -= a.heads[p];
         ++p;
     }
+    if (a.rope[p]) {
+        const double pos = (double)a.positions[t];
+        // Each thread later reads back only the pairs it wrote here.
+        for (u32 i = threadIdx.x; i < a.half; i += blockDim.x) {
+            double sn, cs;
+            sincos(pos * a.inv_freq[i], &sn, &cs);
+            rot_cos[i] = (float)cs;
+            rot_sin[i] = (float)sn;
+        }
+    }
+    KERNEL_PROLOGUE();
     const float* s = a.src + (u64)t * a.width + off + (u64)h * hd;
     const float* w = a.norm[p];
     double ss = 0.0;
@@ -137,11 +151,8 @@ extern "C" __global__ void split_heads(HeadsArgs a) {
     }
     __syncthreads();
     if (a.rope[p]) {
-        const double pos = (double)a.positions[t];
         for (u32 i = threadIdx.x; i < a.half; i += blockDim.x) {
-            double sn, cs;
-            sincos(pos * a.inv_freq[i], &sn, &cs);
-            const float cf = (float)cs, sf = (float)sn;
+            const float cf = rot_cos[i], sf = rot_sin[i];
             const float x0 = v[i], x1 = v[i + a.half];
             v[i] = x0 * cf - x1 * sf;
             v[i + a.half] = x0 * sf + x1 * cf;

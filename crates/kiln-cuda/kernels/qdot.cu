@@ -102,14 +102,14 @@ struct QdotGroup<q6_k> {
 struct QDots {
     template <class T, int NT, int R>
     static __device__ __forceinline__ void run(const u8* rows, u64 row_bytes, int n, int k, const float* xq, int,
-                                               float (&acc)[R][NT]) {
+                                               int part, int parts, float (&acc)[R][NT]) {
         static_assert(NT == 1, "one x row");
         constexpr int G = QdotGroup<T>::UNITS;
         const QxPlanes q(xq, k);
 #pragma unroll
         for (int r = 0; r < R; r++) acc[r][0] = 0.0f;
         const int n_units = k >> 3;  // whole blocks, so whole groups
-        for (int u0 = G * (threadIdx.x & 31); u0 < n_units; u0 += 32 * G) {
+        for (int u0 = G * ((threadIdx.x & 31) + 32 * part); u0 < n_units; u0 += 32 * G * parts) {
             const int e0 = 8 * u0;
             // The group's planes: 8 G bytes each (16-byte aligned: e0 is a
             // multiple of 8 G).
@@ -157,33 +157,36 @@ struct QDots {
 // never sends them).
 template <class T, int R>
 __device__ __forceinline__ void qdot_matvec(const u8* w, u64 row_bytes, const u8* end, int row0, int n_rows, int k,
-                                            int tile_rows, u32 stage_bytes, const float* xq, float* out) {
+                                            int tile_rows, u32 stage_bytes, int max_parts, const float* xq,
+                                            float* out) {
     if constexpr (T::QK >= 32)
-        stream_matvec<T, R, QDots>(w, row_bytes, end, row0, n_rows, k, tile_rows, stage_bytes, xq, out);
+        stream_matvec<T, R, QDots>(w, row_bytes, end, row0, n_rows, k, tile_rows, stage_bytes, max_parts, xq, out);
 }
 
 template <class T, int R>
 __device__ __forceinline__ void qdot_argmax(const u8* w, u64 row_bytes, const u8* end, int n_rows, int k,
-                                            int tile_rows, u32 stage_bytes, const float* xq, int n_tok, u64* cell,
-                                            u32* ids, int slot) {
+                                            int tile_rows, u32 stage_bytes, int max_parts, const float* xq,
+                                            int n_tok, u64* cell, u32* ids, int slot) {
     if constexpr (T::QK >= 32)
-        stream_argmax<T, 1, R, QDots>(w, row_bytes, end, n_rows, k, tile_rows, stage_bytes, xq, n_tok, cell, ids,
-                                      slot);
+        stream_argmax<T, 1, R, QDots>(w, row_bytes, end, n_rows, k, tile_rows, stage_bytes, max_parts, xq, n_tok,
+                                      cell, ids, slot);
 }
 
 #define KILN_QDOT(R)                                                                                             \
     extern "C" __global__ void __launch_bounds__(STREAM_WARPS * 32)                                               \
         KILN_CAT(KILN_CAT(qdot_matvec, KILN_WEIGHT), r##R)(const u8* w, u64 row_bytes, const u8* end, int row0,   \
                                                           int n_rows, int k, int tile_rows, u32 stage_bytes,       \
-                                                          const float* xq, float* out) {                          \
-        qdot_matvec<KILN_WEIGHT, R>(w, row_bytes, end, row0, n_rows, k, tile_rows, stage_bytes, xq, out);         \
+                                                          int max_parts, const float* xq, float* out) {           \
+        qdot_matvec<KILN_WEIGHT, R>(w, row_bytes, end, row0, n_rows, k, tile_rows, stage_bytes, max_parts, xq,    \
+                                    out);                                                                         \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(STREAM_WARPS * 32)                                               \
         KILN_CAT(KILN_CAT(qdot_argmax, KILN_WEIGHT), r##R)(const u8* w, u64 row_bytes, const u8* end, int n_rows, \
-                                                          int k, int tile_rows, u32 stage_bytes, const float* xq, \
-                                                          int n_tok, u64* cell, u32* ids, int slot) {             \
-        qdot_argmax<KILN_WEIGHT, R>(w, row_bytes, end, n_rows, k, tile_rows, stage_bytes, xq, n_tok, cell, ids,   \
-                                    slot);                                                                        \
+                                                          int k, int tile_rows, u32 stage_bytes, int max_parts,    \
+                                                          const float* xq, int n_tok, u64* cell, u32* ids,        \
+                                                          int slot) {                                             \
+        qdot_argmax<KILN_WEIGHT, R>(w, row_bytes, end, n_rows, k, tile_rows, stage_bytes, max_parts, xq, n_tok,   \
+                                    cell, ids, slot);                                                             \
     }
 
 KILN_QDOT(1)

@@ -19,6 +19,13 @@
 // unit (from L1) serving all R rows, one decoded unit all x rows. Per unit: d * sum(q x) + m * sum(x),
 // the sums over its 8 elements, as warp_dots.
 //
+// A tile of fewer row groups than warps (few long rows: the down
+// projections) may have up to `max_parts` warps split a group's units and
+// add their sums through shared memory, so every warp has work. With `stage_bytes` 0 the
+// kernel reads its rows straight from global memory instead of staging
+// them (KILN_CUDA_STREAM=direct, stream.rs: occupancy then bound by
+// registers, not by the stages' shared memory).
+//
 // Tiles start wherever their first row does: the copy starts at the 16-byte
 // boundary below it, so a row keeps its address modulo 16 in shared memory
 // and quant.cuh's aligned loads stay valid. Bytes past the weight's end
@@ -85,12 +92,13 @@ __device__ __forceinline__ void stage_tile(u8* stage, const TileSpan& s, u64 row
     cp_async_commit();
 }
 
-// This warp's dots of rows 0 .. n (n <= R) at `rows` (shared memory, stride
-// row_bytes) with x rows 0 .. n_tok (n_tok <= NT, stride k); every lane
-// gets the sums.
+// This warp's dots of rows 0 .. n (n <= R) at `rows` (shared or global
+// memory, stride row_bytes) with x rows 0 .. n_tok (n_tok <= NT, stride k),
+// over units part, part + parts, ... of each 32 (the warp's share when
+// `parts` warps split the rows); every lane gets the sums.
 template <class T, int NT, int R>
 __device__ __forceinline__ void stage_dots(const u8* rows, u64 row_bytes, int n, int k, const float* __restrict__ x,
-                                           int n_tok, float (&acc)[R][NT]) {
+                                           int n_tok, int part, int parts, float (&acc)[R][NT]) {
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll
@@ -100,7 +108,7 @@ __device__ __forceinline__ void stage_dots(const u8* rows, u64 row_bytes, int n,
     // lone warp's dependent chain bounds the short GEMVs). More tokens
     // hold NT x 8 x values in registers already.
 #pragma unroll(NT == 1 ? 2 : 1)
-    for (int u = threadIdx.x & 31; u < n_units; u += 32) {
+    for (int u = (threadIdx.x & 31) + 32 * part; u < n_units; u += 32 * parts) {
         float xv[NT][8], xs[NT];
 #pragma unroll
         for (int t = 0; t < NT; t++) {
@@ -141,8 +149,8 @@ __device__ __forceinline__ void stage_dots(const u8* rows, u64 row_bytes, int n,
 struct F32Dots {
     template <class T, int NT, int R>
     static __device__ __forceinline__ void run(const u8* rows, u64 row_bytes, int n, int k, const float* x, int n_tok,
-                                               float (&acc)[R][NT]) {
-        stage_dots<T, NT, R>(rows, row_bytes, n, k, x, n_tok, acc);
+                                               int part, int parts, float (&acc)[R][NT]) {
+        stage_dots<T, NT, R>(rows, row_bytes, n, k, x, n_tok, part, parts, acc);
     }
 };
 
@@ -151,47 +159,90 @@ struct F32Dots {
 // lane of the warp that computed it.
 template <class T, int NT, int R, class Dots = F32Dots, class Visit>
 __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, u64 row_bytes, const u8* end, int n_rows,
-                                            int k, int tile_rows, u32 stage_bytes, const float* __restrict__ x,
-                                            int n_tok, Visit visit) {
+                                            int k, int tile_rows, u32 stage_bytes, int max_parts,
+                                            const float* __restrict__ x, int n_tok, Visit visit) {
     extern __shared__ __align__(16) u8 stages[];
+    __shared__ float part_acc[STREAM_WARPS][R][NT];
+    const bool staged = stage_bytes != 0;
     const int n_tiles = (n_rows + tile_rows - 1) / tile_rows;
     int tile = blockIdx.x;
-    if (tile < n_tiles) stage_tile(stages, tile_span(w, row_bytes, n_rows, tile_rows, tile), row_bytes, end);
+    if (staged && tile < n_tiles) stage_tile(stages, tile_span(w, row_bytes, n_rows, tile_rows, tile), row_bytes, end);
     KERNEL_PROLOGUE();
     const int warp = threadIdx.x >> 5;
     for (int i = 0; tile < n_tiles; i++, tile += gridDim.x) {
-        const int next = tile + gridDim.x;
-        if (next < n_tiles) {
-            stage_tile(stages + ((i + 1) & 1) * stage_bytes, tile_span(w, row_bytes, n_rows, tile_rows, next),
-                       row_bytes, end);
-            cp_async_wait<1>();  // this tile's copies are done, the next one's may fly
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();  // every thread's copies of this tile are visible
         const TileSpan s = tile_span(w, row_bytes, n_rows, tile_rows, tile);
-        const u8* rows = stages + (i & 1) * stage_bytes + s.offset;
-        for (int g = warp * R; g < (int)s.rows; g += STREAM_WARPS * R) {
-            float acc[R][NT];
-            Dots::template run<T, NT, R>(rows + (u64)g * row_bytes, row_bytes, min(R, (int)s.rows - g), k, x, n_tok,
-                                         acc);
+        // The tile's dots, from `rows` (written out twice below, so each
+        // copy knows its loads' memory space: shared or global).
+        auto dots = [&](const u8* rows) {
+            // Warps per row group: the largest power of two up to
+            // max_parts that gives every warp a share.
+            const int groups = ((int)s.rows + R - 1) / R;
+            int parts = 1;
+            while (2 * parts * groups <= STREAM_WARPS && 2 * parts <= max_parts) parts *= 2;
+            if (parts == 1) {
+                for (int g = warp * R; g < (int)s.rows; g += STREAM_WARPS * R) {
+                    float acc[R][NT];
+                    Dots::template run<T, NT, R>(rows + (u64)g * row_bytes, row_bytes, min(R, (int)s.rows - g), k,
+                                                 x, n_tok, 0, 1, acc);
 #pragma unroll
-            for (int r = 0; r < R; r++)
+                    for (int r = 0; r < R; r++)
 #pragma unroll
-                for (int t = 0; t < NT; t++)
-                    if (g + r < (int)s.rows && t < n_tok) visit(tile * tile_rows + g + r, t, acc[r][t]);
+                        for (int t = 0; t < NT; t++)
+                            if (g + r < (int)s.rows && t < n_tok) visit(tile * tile_rows + g + r, t, acc[r][t]);
+                }
+                return;
+            }
+            // Warps w .. w + parts - 1 share group w / parts; the first adds
+            // the shares in order (deterministic).
+            const int g = (warp / parts) * R, part = warp % parts;
+            if (g < (int)s.rows) {
+                float acc[R][NT];
+                Dots::template run<T, NT, R>(rows + (u64)g * row_bytes, row_bytes, min(R, (int)s.rows - g), k, x,
+                                             n_tok, part, parts, acc);
+                if ((threadIdx.x & 31) == 0)
+#pragma unroll
+                    for (int r = 0; r < R; r++)
+#pragma unroll
+                        for (int t = 0; t < NT; t++) part_acc[warp][r][t] = acc[r][t];
+            }
+            __syncthreads();
+            if (part == 0 && g < (int)s.rows) {
+#pragma unroll
+                for (int r = 0; r < R; r++)
+#pragma unroll
+                    for (int t = 0; t < NT; t++) {
+                        float sum = part_acc[warp][r][t];
+                        for (int p = 1; p < parts; p++) sum += part_acc[warp + p][r][t];
+                        if (g + r < (int)s.rows && t < n_tok) visit(tile * tile_rows + g + r, t, sum);
+                    }
+            }
+        };
+        if (staged) {
+            const int next = tile + gridDim.x;
+            if (next < n_tiles) {
+                stage_tile(stages + ((i + 1) & 1) * stage_bytes, tile_span(w, row_bytes, n_rows, tile_rows, next),
+                           row_bytes, end);
+                cp_async_wait<1>();  // this tile's copies are done, the next one's may fly
+            } else {
+                cp_async_wait<0>();
+            }
+            __syncthreads();  // every thread's copies of this tile are visible
+            dots(stages + (i & 1) * stage_bytes + s.offset);
+        } else {
+            dots(s.first);
         }
-        __syncthreads();  // the stage is read before the copy two tiles on overwrites it
+        __syncthreads();  // the stage (and part_acc) is read before the next tile overwrites it
     }
 }
 
 // out[r] = dot(W[row0 + r], x) for r < n_rows.
 template <class T, int R, class Dots = F32Dots>
 __device__ __forceinline__ void stream_matvec(const u8* __restrict__ w, u64 row_bytes, const u8* end, int row0,
-                                              int n_rows, int k, int tile_rows, u32 stage_bytes,
+                                              int n_rows, int k, int tile_rows, u32 stage_bytes, int max_parts,
                                               const float* __restrict__ x, float* __restrict__ out) {
     const int lane = threadIdx.x & 31;
-    stream_rows<T, 1, R, Dots>(w + (u64)row0 * row_bytes, row_bytes, end, n_rows, k, tile_rows, stage_bytes, x, 1,
+    stream_rows<T, 1, R, Dots>(w + (u64)row0 * row_bytes, row_bytes, end, n_rows, k, tile_rows, stage_bytes,
+                               max_parts, x, 1,
                          [&](int row, int, float dot) {
                              if (lane == 0) out[row] = dot;
                          });
@@ -210,12 +261,13 @@ constexpr int HEAD_MAX_TOKENS = 8;
 // launch.
 template <class T, int NT, int R, class Dots = F32Dots>
 __device__ __forceinline__ void stream_argmax(const u8* __restrict__ w, u64 row_bytes, const u8* end, int n_rows,
-                                              int k, int tile_rows, u32 stage_bytes, const float* __restrict__ x,
-                                              int n_tok, u64* cell, u32* ids, int slot) {
+                                              int k, int tile_rows, u32 stage_bytes, int max_parts,
+                                              const float* __restrict__ x, int n_tok, u64* cell, u32* ids,
+                                              int slot) {
     u64 best[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) best[t] = 0;
-    stream_rows<T, NT, R, Dots>(w, row_bytes, end, n_rows, k, tile_rows, stage_bytes, x, n_tok,
+    stream_rows<T, NT, R, Dots>(w, row_bytes, end, n_rows, k, tile_rows, stage_bytes, max_parts, x, n_tok,
                           [&](int row, int t, float dot) { best[t] = max_u64(best[t], argmax_key(dot, (u32)row)); });
     __shared__ u64 warp_best[STREAM_WARPS][NT];
     if ((threadIdx.x & 31) == 0)
@@ -247,16 +299,17 @@ __device__ __forceinline__ void stream_argmax(const u8* __restrict__ w, u64 row_
     extern "C" __global__ void __launch_bounds__(STREAM_WARPS * 32)                                               \
         KILN_CAT(KILN_CAT(stream_matvec, KILN_WEIGHT), r##R)(const u8* w, u64 row_bytes, const u8* end, int row0, \
                                                             int n_rows, int k, int tile_rows, u32 stage_bytes,     \
-                                                            const float* x, float* out) {                         \
-        stream_matvec<KILN_WEIGHT, R>(w, row_bytes, end, row0, n_rows, k, tile_rows, stage_bytes, x, out);         \
+                                                            int max_parts, const float* x, float* out) {          \
+        stream_matvec<KILN_WEIGHT, R>(w, row_bytes, end, row0, n_rows, k, tile_rows, stage_bytes, max_parts, x,    \
+                                      out);                                                                       \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(STREAM_WARPS * 32)                                               \
         KILN_CAT(KILN_CAT(stream_argmax, KILN_WEIGHT), r##R)(const u8* w, u64 row_bytes, const u8* end,           \
                                                             int n_rows, int k, int tile_rows, u32 stage_bytes,     \
-                                                            const float* x, int n_tok, u64* cell, u32* ids,       \
-                                                            int slot) {                                           \
-        stream_argmax<KILN_WEIGHT, 1, R>(w, row_bytes, end, n_rows, k, tile_rows, stage_bytes, x, n_tok, cell, ids, \
-                                         slot);                                                                   \
+                                                            int max_parts, const float* x, int n_tok, u64* cell,  \
+                                                            u32* ids, int slot) {                                 \
+        stream_argmax<KILN_WEIGHT, 1, R>(w, row_bytes, end, n_rows, k, tile_rows, stage_bytes, max_parts, x,      \
+                                         n_tok, cell, ids, slot);                                                 \
     }
 
 KILN_STREAM(1)
@@ -268,10 +321,10 @@ KILN_STREAM(4)
     extern "C" __global__ void __launch_bounds__(STREAM_WARPS * 32)                                               \
         KILN_CAT(KILN_CAT(stream_argmax, KILN_WEIGHT), t##NT)(const u8* w, u64 row_bytes, const u8* end,          \
                                                              int n_rows, int k, int tile_rows, u32 stage_bytes,    \
-                                                             const float* x, int n_tok, u64* cell, u32* ids,      \
-                                                             int slot) {                                          \
-        stream_argmax<KILN_WEIGHT, NT, 1>(w, row_bytes, end, n_rows, k, tile_rows, stage_bytes, x, n_tok, cell, ids, \
-                                          slot);                                                                  \
+                                                             int max_parts, const float* x, int n_tok, u64* cell, \
+                                                             u32* ids, int slot) {                                \
+        stream_argmax<KILN_WEIGHT, NT, 1>(w, row_bytes, end, n_rows, k, tile_rows, stage_bytes, max_parts, x,     \
+                                          n_tok, cell, ids, slot);                                                \
     }
 
 KILN_STREAM_HEAD(2)

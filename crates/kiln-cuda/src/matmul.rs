@@ -139,8 +139,9 @@ struct TypeKernels {
     mma2_split_x: CudaFunction,
     mma2: Vec<CudaFunction>,
     mma2_argmax: Vec<CudaFunction>,
-    /// `KILN_CUDA_GEMV=qdot` (stream.rs): x split into int8 planes, then
-    /// the GEMV and head of one row on integer dot products.
+    /// The large one-token products (stream.rs's `qdot_for`): x split into
+    /// int8 planes, then the GEMV and head of one row on integer dot
+    /// products.
     qx_split: CudaFunction,
     qdot_matvec: Vec<CudaFunction>,
     qdot_argmax: Vec<CudaFunction>,

@@ -40,17 +40,99 @@ const MAX_CTAS_PER_SM: usize = 8;
 /// A GEMV is cut into about this many tiles per SM: short matrices give
 /// every SM work, and a warp computes at most one group of rows.
 const GEMV_TILES_PER_SM: usize = 4;
+/// Most warps of a CTA that split one group of rows along k
+/// (`KILN_CUDA_GEMV_SPLIT=N`, 1, 2 or 4; default 4): a tile of fewer
+/// groups than warps (few long rows: the 270M's down projection) would
+/// otherwise leave warps idle. On an H100, tg128 270M 1,438-1,463 -> 1,520
+/// tok/s, 1B and 4B unchanged (their tiles have groups enough).
+fn gemv_max_parts() -> i32 {
+    static N: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
+    *N.get_or_init(|| {
+        std::env::var("KILN_CUDA_GEMV_SPLIT")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .filter(|n| [1, 2, 4].contains(n))
+            .unwrap_or(4)
+    })
+}
+
+/// `KILN_CUDA_GEMV_TILES=N` overrides [`GEMV_TILES_PER_SM`] (for A/B
+/// timing).
+fn gemv_tiles_per_sm() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| {
+        std::env::var("KILN_CUDA_GEMV_TILES")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .filter(|&n| n > 0)
+            .unwrap_or(GEMV_TILES_PER_SM)
+    })
+}
 /// Rows per tile the warps split evenly: up to one row each, else one
 /// group of R = 2 or 4 rows each.
 const TILE_ROWS: [usize; 6] = [16, 8, 4, 3, 2, 1];
 
-/// `KILN_CUDA_GEMV=qdot`: one-token products and heads of quantized
-/// weights take qdot.cu's integer dot products on x split into three int8
-/// planes (the CPU VNNI path's exact scheme). Not yet timed on a GPU
-/// (written 2026-12-05 while none was lent): off by default.
-pub(super) fn qdot_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("KILN_CUDA_GEMV").is_ok_and(|v| v.trim() == "qdot"))
+/// Which one-token products take qdot.cu's integer dot products on x
+/// split into three int8 planes (the CPU VNNI path's exact scheme) rather
+/// than stream.cu's f32 dots: `KILN_CUDA_GEMV=qdot` (every quantized
+/// weight), `qdot:N` (rows of N or more values), `f32` (none); by default
+/// products of [`QDOT_MIN_WEIGHTS`] weights or more in rows of
+/// [`QDOT_MIN_COLS`] or more values. The split is one more launch per
+/// product, which only large products repay: on an H100 every qdot
+/// product took tg128 4B 280 -> 311-345 tok/s but 1B 725-748 -> 614-684
+/// and 270M 1,438-1,548 -> 1,232-1,306.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum QdotRule {
+    Large,
+    MinCols(usize),
+    Never,
+}
+
+/// The default's reach (the 4B's FFN products and head, not the 1B's
+/// 13,824 x 1,152 gate+up).
+const QDOT_MIN_WEIGHTS: usize = 1 << 24;
+const QDOT_MIN_COLS: usize = 2048;
+
+fn parse_qdot_rule(v: Option<&str>) -> QdotRule {
+    match v.map(str::trim) {
+        Some("qdot") => QdotRule::MinCols(0),
+        Some("f32") => QdotRule::Never,
+        Some(v) => match v.split_once(':') {
+            Some(("qdot", n)) => n.trim().parse().map_or(QdotRule::Large, QdotRule::MinCols),
+            _ => QdotRule::Large,
+        },
+        None => QdotRule::Large,
+    }
+}
+
+/// Whether a product of `rows` x `cols` weights takes the qdot kernels.
+pub(super) fn qdot_for(rows: usize, cols: usize) -> bool {
+    static RULE: std::sync::OnceLock<QdotRule> = std::sync::OnceLock::new();
+    let rule =
+        RULE.get_or_init(|| parse_qdot_rule(std::env::var("KILN_CUDA_GEMV").ok().as_deref()));
+    match *rule {
+        QdotRule::Large => rows * cols >= QDOT_MIN_WEIGHTS && cols >= QDOT_MIN_COLS,
+        QdotRule::MinCols(n) => cols >= n,
+        QdotRule::Never => false,
+    }
+}
+
+/// Whether a GEMV reads its rows straight from global memory (no shared
+/// memory stages: occupancy bound by registers): `KILN_CUDA_STREAM=direct`
+/// always, `=staged` never, by default the qdot products (their
+/// registers, not the stages, bound them: 4B tg128 311 -> 339-345 tok/s on
+/// an H100, while the f32 kernels lost 10-25% read directly).
+fn direct_for(qdot: bool) -> bool {
+    static FORM: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    let form =
+        FORM.get_or_init(
+            || match std::env::var("KILN_CUDA_STREAM").as_deref().map(str::trim) {
+                Ok("direct") => Some(true),
+                Ok("staged") => Some(false),
+                _ => None,
+            },
+        );
+    form.unwrap_or(qdot)
 }
 
 /// Longest rows the split x workspace holds, and its size in floats:
@@ -69,7 +151,8 @@ pub(super) fn stream_enabled() -> bool {
 }
 
 /// A launch of a stream kernel: rows per tile, the index into
-/// [`STREAM_R`], bytes per stage, stages per CTA and CTAs.
+/// [`STREAM_R`], bytes per stage (0: rows read from global memory), stages
+/// per CTA, CTAs and tiles.
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Plan {
     tile_rows: usize,
@@ -77,6 +160,7 @@ struct Plan {
     stage_bytes: usize,
     stages: usize,
     ctas: usize,
+    tiles: usize,
 }
 
 impl Plan {
@@ -124,12 +208,13 @@ impl Plan {
             stage_bytes,
             stages,
             ctas: tiles.div_ceil(rounds),
+            tiles,
         })
     }
 
     /// The GEMV's plan: tiles short enough that every SM gets several.
     fn matvec(row_bytes: usize, n_rows: usize, sms: usize, smem_per_sm: usize) -> Option<Plan> {
-        let want = n_rows.div_ceil(GEMV_TILES_PER_SM * sms);
+        let want = n_rows.div_ceil(gemv_tiles_per_sm() * sms);
         // Rounded up to whole groups: 5 rows take a tile of 8.
         let want = TILE_ROWS
             .into_iter()
@@ -151,6 +236,16 @@ impl Plan {
     ) -> Option<Plan> {
         let rows = if n_x == 1 { TILE_ROWS[0] } else { WARPS };
         Plan::new(row_bytes, n_rows, rows, sms, smem_per_sm)
+    }
+
+    /// The same tiles read from global memory: no stages, a CTA a tile.
+    fn direct(self) -> Plan {
+        Plan {
+            stage_bytes: 0,
+            stages: 0,
+            ctas: self.tiles,
+            ..self
+        }
     }
 
     fn config(&self) -> LaunchConfig {
@@ -182,12 +277,15 @@ impl Matmul {
         x: &CudaSlice<f32>,
         out: &mut CudaSlice<f32>,
     ) -> Result<bool> {
-        let Some(plan) = Plan::matvec(w.row_bytes, n_rows, self.sms, self.smem_per_sm) else {
+        let Some(mut plan) = Plan::matvec(w.row_bytes, n_rows, self.sms, self.smem_per_sm) else {
             return Ok(false);
         };
+        let split = self.split_qx(gpu, k, w, n_rows, &x.slice(..))?;
+        if direct_for(split.is_some()) {
+            plan = plan.direct();
+        }
         let (row0, rows) = (as_i32("row0", row0)?, as_i32("rows", n_rows)?);
         let (cols, tile_rows) = (as_i32("cols", w.cols)?, plan.tile_rows as i32);
-        let split = self.split_qx(gpu, k, w, &x.slice(..))?;
         let (f, xp) = match &split {
             Some((xq, _)) => (&k.qdot_matvec[plan.r], *xq),
             None => (&k.stream_matvec[plan.r], gpu.ptr(x, 0)),
@@ -197,23 +295,25 @@ impl Matmul {
         // (checked by the caller).
         launch!(gpu, f, plan.config(), &format!("stream_matvec on {}", w.name);
             gpu.ptr(&w.data, 0), w.row_bytes as u64, end_ptr(gpu, w), row0, rows, cols, tile_rows,
-            plan.stage_bytes as u32, xp, gpu.ptr(out, 0))?;
+            plan.stage_bytes as u32, gemv_max_parts(), xp, gpu.ptr(out, 0))?;
         Ok(true)
     }
 
-    /// With `KILN_CUDA_GEMV=qdot`, a quantized `w` and rows that fit:
-    /// splits x (one row of `w.cols` values) into the workspace (allocated
-    /// on first use, before any capture) by `qx_split` and returns its
-    /// address with the workspace held until the caller's launch; else
-    /// `None`, taking no lock.
+    /// When a product of `rows` rows of `w` takes the qdot kernels
+    /// ([`qdot_for`]; a quantized `w` and rows that fit): splits x (one
+    /// row of `w.cols` values) into the workspace (allocated on first use,
+    /// before any capture) by `qx_split` and returns its address with the
+    /// workspace held until the caller's launch; else `None`, taking no
+    /// lock.
     fn split_qx(
         &self,
         gpu: &Gpu,
         k: &TypeKernels,
         w: &CudaWeight,
+        rows: usize,
         x: &CudaView<'_, f32>,
     ) -> Result<Option<(u64, HeldWorkspace<'_>)>> {
-        if !qdot_enabled() || w.ty.block_elems() < 32 || w.cols > QDOT_MAX_K {
+        if !qdot_for(rows, w.cols) || w.ty.block_elems() < 32 || w.cols > QDOT_MAX_K {
             return Ok(None);
         }
         let mut guard = self.qx.lock().unwrap_or_else(|e| e.into_inner());
@@ -268,7 +368,13 @@ impl Matmul {
         let (rows, cols) = (as_i32("rows", w.rows)?, as_i32("cols", w.cols)?);
         let (tile_rows, slot) = (plan.tile_rows as i32, as_i32("slot", slot)?);
         let split = match n {
-            1 => self.split_qx(gpu, k, w, &h.slice(row * w.cols..(row + 1) * w.cols))?,
+            1 => self.split_qx(
+                gpu,
+                k,
+                w,
+                w.rows,
+                &h.slice(row * w.cols..(row + 1) * w.cols),
+            )?,
             _ => None,
         };
         let (f, xp) = match &split {
@@ -281,7 +387,7 @@ impl Matmul {
         // caller).
         launch!(gpu, f, plan.config(), &format!("argmax on {}", w.name);
             gpu.ptr(&w.data, 0), w.row_bytes as u64, end_ptr(gpu, w), rows, cols, tile_rows,
-            plan.stage_bytes as u32, xp, n as i32, gpu.ptr(&self.head_cells, 0),
+            plan.stage_bytes as u32, gemv_max_parts(), xp, n as i32, gpu.ptr(&self.head_cells, 0),
             gpu.ptr(ids, 0), slot)?;
         Ok(true)
     }
@@ -296,6 +402,20 @@ mod tests {
 
     fn matvec(row_bytes: usize, n_rows: usize) -> Plan {
         Plan::matvec(row_bytes, n_rows, H200.0, H200.1).unwrap()
+    }
+
+    #[test]
+    fn qdot_rule_reads_its_switch() {
+        assert_eq!(parse_qdot_rule(None), QdotRule::Large);
+        assert_eq!(parse_qdot_rule(Some(" qdot ")), QdotRule::MinCols(0));
+        assert_eq!(parse_qdot_rule(Some("qdot:2048")), QdotRule::MinCols(2048));
+        assert_eq!(parse_qdot_rule(Some("f32")), QdotRule::Never);
+        assert_eq!(parse_qdot_rule(Some("qdot:x")), QdotRule::Large);
+        // The default's reach: the 4B's FFN, not the 1B's.
+        let large =
+            |rows: usize, cols: usize| rows * cols >= QDOT_MIN_WEIGHTS && cols >= QDOT_MIN_COLS;
+        assert!(large(20_480, 2_560) && large(2_560, 10_240));
+        assert!(!large(13_824, 1_152) && !large(1_152, 6_912) && !large(2_560, 2_048));
     }
 
     #[test]
