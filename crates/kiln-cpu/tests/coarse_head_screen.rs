@@ -1,6 +1,6 @@
 //! The one-row greedy head through the coarse screen
 //! (`kiln_kernels::CoarseRows`), forced on every ISA (by default it runs
-//! from AVX2), picks what the full logits give, step by step.
+//! only with AVX-512 VBMI), picks what the full logits give, step by step.
 //! Its own test binary: the switch is read once per process.
 
 mod common;

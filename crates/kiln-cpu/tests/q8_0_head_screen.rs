@@ -1,5 +1,5 @@
 //! The one-row greedy head through the Q8_0 screen, forced on every ISA
-//! (where AVX2 and up run the coarse screen by default), picks what the
+//! (where AVX-512 VBMI runs the coarse screen by default), picks what the
 //! full logits give, step by step. Its own test binary: the switch is
 //! read once per process.
 
