@@ -447,7 +447,7 @@ fn main() {
         bench_gemv_tiles(GgmlType::Q5_0, 65536, 640, 1);
         bench_gemv_tiles(GgmlType::Q4K, 16384, 2048, 1);
     }
-    if on("argmax") {
+    if on("argmax screen coarse") {
         bench_argmax(262144, 640);
         bench_screen(262144, 640);
         bench_screen(1024, 640);

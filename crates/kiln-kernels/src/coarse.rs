@@ -20,14 +20,17 @@
 //! Layout, per row (`26 · nb` bytes, `nb` blocks): the blocks' f16 scales
 //! (`2 · nb`), then per block the 32 `u` as a 192-bit little-endian
 //! stream, value `v` at bits `6v` (24 bytes; `vpermb` + `vpmultishiftqb`
-//! unpack it in three ops). The low bits live apart (`8 · nb` bytes per
-//! row: byte `j` holds `l_{j+8k}` at bits `2k`), so the screen's pass
-//! reads only the rows' first part. Together the parts hold the matrix
+//! unpack it in three ops, on AVX2 a `vpshufb` and two masks as words).
+//! The low bits live apart (`8 · nb` bytes per row: byte `j` holds
+//! `l_{j+8k}` at bits `2k`), so the screen's pass reads only the rows'
+//! first part. Together the parts hold the matrix
 //! exactly: [`CoarseRows::q8_0_row`] gives back its bytes.
 //!
-//! The SIMD screen needs AVX-512 VBMI (Zen 4, Ice Lake and later); other
-//! levels run the portable one, which is only the SIMD form's spec: the
-//! backend keeps the Q8_0 screen there.
+//! The SIMD screens (`crate::x86::coarse`) run from AVX2 up, the two
+//! forms bit for bit alike: with AVX-512 VBMI (Zen 4, Ice Lake and later)
+//! one, elsewhere (AVX2, FMA, F16C) the other. The portable screen is
+//! only their spec. The backend takes the coarse screen by default only
+//! with VBMI ([`coarse_screen_runs`]).
 
 use kiln_quant::GgmlType;
 
@@ -260,12 +263,18 @@ pub(crate) fn screen_coarse(sx: &ScreenX, c: &CoarseRows, r0: usize, hi: &mut [f
     max_lo
 }
 
-/// Whether [`screen_coarse_rows`] has its SIMD form at `isa` (clamped to
-/// this CPU): AVX-512 VNNI with VBMI. Elsewhere it runs the portable
-/// spec, slower than the Q8_0 screen.
+/// Whether the backend should take [`screen_coarse_rows`] over the Q8_0
+/// screen at `isa` (clamped to this CPU): where its VBMI form runs
+/// (AVX-512 VNNI with VBMI). Its AVX2 form is faster as a kernel (Zen 4,
+/// one thread: 24.1 against 26.9 us for 1,024 rows in cache, 7.4 against
+/// 8.7 ms for the 270M's head) but not in decode at 2 threads, where the
+/// Q8_0 screen is near the memory's pace and the coarse one is not (the
+/// 270M with `--isa avx2`, 13 alternating pairs: a tie, see
+/// `bench/RESULTS.md`); `KILN_HEAD_SCREEN=coarse` still takes it.
 pub fn coarse_screen_runs(isa: Isa) -> bool {
     #[cfg(target_arch = "x86_64")]
-    return crate::x86::coarse_runs(isa.min(Isa::cpu_max()));
+    return crate::x86::coarse_form(isa.min(Isa::cpu_max()), 2)
+        == Some(crate::x86::CoarseForm::Vbmi);
     #[cfg(not(target_arch = "x86_64"))]
     {
         let _ = isa;
@@ -310,6 +319,18 @@ mod tests {
     use super::*;
     use crate::test_util::xorshift;
 
+    /// Whether the screen of rows of `nb` blocks against `sx` has a SIMD
+    /// form at `isa`.
+    fn has_simd(isa: Isa, nb: usize, sx: &ScreenX) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        return crate::x86::coarse_screen_form(isa, nb, sx).is_some();
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = (isa, nb, sx);
+            false
+        }
+    }
+
     /// Random Q8_0 rows, every code from −128 to 127 in the first 256
     /// values.
     fn random_q8_0(rows: usize, k: usize, rnd: &mut impl FnMut() -> u64) -> Vec<u8> {
@@ -349,8 +370,8 @@ mod tests {
 
     /// Every bound holds against the exact dot, the floor is below the
     /// best one, the SIMD forms agree with the portable one up to
-    /// summation order, and a row's bits do not depend on the rows
-    /// screened with it.
+    /// summation order and with each other bit for bit, and a row's bits
+    /// do not depend on the rows screened with it.
     #[test]
     fn bounds_hold_on_every_level() {
         let mut rnd = xorshift(0xc0a5_5e00_0000_0002);
@@ -360,7 +381,7 @@ mod tests {
             let mut deq = vec![0.0f32; rows * k];
             kiln_quant::dequantize(GgmlType::Q8_0, &w, &mut deq).unwrap();
             let c = CoarseRows::pack(GgmlType::Q8_0, &w, rb, rows, k, None, &|_| {}).unwrap();
-            for scale in [1.0f32, 1e-3, 300.0] {
+            for scale in [1.0f32, 1e-3, 300.0, 1e-29] {
                 let x: Vec<f32> = (0..k)
                     .map(|_| ((rnd() % 2001) as f32 * 1e-3 - 1.0) * scale)
                     .collect();
@@ -378,9 +399,17 @@ mod tests {
                     assert!(f64::from(want[r]) >= exact, "k {k} r {r}");
                 }
                 assert!(f64::from(want_m) <= best, "k {k}");
+                // The first SIMD level's bits, which every other one gives.
+                let mut simd: Option<(Isa, Vec<f32>, f32)> = None;
                 for isa in Isa::available() {
                     let mut hi = vec![0.0f32; rows];
                     let m = screen_coarse_rows(isa, &c, 0, &sx, &mut hi).unwrap();
+                    if has_simd(isa, k / 32, &sx) {
+                        let (first, h0, m0) = simd.get_or_insert_with(|| (isa, hi.clone(), m));
+                        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(bits(&hi), bits(h0), "{isa} vs {first}, k {k}");
+                        assert_eq!(m.to_bits(), m0.to_bits(), "{isa} vs {first}, k {k}");
+                    }
                     let near = |a: f32, b: f32| (a - b).abs() <= 1e-5 * (1.0 + b.abs());
                     assert!(near(m, want_m), "{isa} k {k}: {m} vs {want_m}");
                     for (r, (&h, &e)) in hi.iter().zip(&want).enumerate() {

@@ -339,20 +339,47 @@ pub(crate) fn screen_q8_0_multi(
     }
 }
 
-/// Whether this CPU has AVX-512 VBMI (probed once): the coarse screen's
-/// unpack needs it.
+/// Whether this CPU has AVX-512 VBMI (probed once): the coarse kernels'
+/// `coarse::Vbmi` unpack needs it.
 fn has_vbmi() -> bool {
     static VBMI: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *VBMI.get_or_init(|| std::arch::is_x86_feature_detected!("avx512vbmi"))
 }
 
-/// Whether [`screen_coarse`] has its SIMD form at `isa` (clamped).
-pub(crate) fn coarse_runs(isa: Isa) -> bool {
-    isa >= Isa::Avx512Vnni && has_vbmi()
+/// The coarse kernels' unpack at `isa` (clamped).
+#[derive(Clone, Copy, PartialEq, Debug)]
+pub(crate) enum CoarseForm {
+    /// `coarse::Vbmi`: AVX-512 VNNI and VBMI.
+    Vbmi,
+    /// `coarse::Avx2`: every other SIMD level.
+    Avx2,
 }
 
-/// The coarse one-row screen (see `crate::coarse`); `None` where it has
-/// no SIMD form ([`coarse_runs`]) or rows are longer than the kernel's
+/// Which form [`screen_coarse`] and [`coarse_q8_0_row`] take at `isa`
+/// (clamped) for rows of `nb` blocks; `None` on `Isa::Scalar`, and for
+/// one-block rows below VBMI (the AVX2 unpack loads from 4 bytes before
+/// a block's codes: the row's last two scales).
+pub(crate) fn coarse_form(isa: Isa, nb: usize) -> Option<CoarseForm> {
+    match isa {
+        Isa::Scalar => None,
+        Isa::Avx512Vnni | Isa::Amx if has_vbmi() => Some(CoarseForm::Vbmi),
+        _ if nb >= 2 => Some(CoarseForm::Avx2),
+        _ => None,
+    }
+}
+
+/// [`coarse_form`] for the screen against `sx`: not `Avx2` for its rare
+/// `x̂` (`coarse::scales_exact`).
+pub(crate) fn coarse_screen_form(
+    isa: Isa,
+    nb: usize,
+    sx: &crate::screen::ScreenX,
+) -> Option<CoarseForm> {
+    coarse_form(isa, nb).filter(|&f| f == CoarseForm::Vbmi || coarse::scales_exact(sx))
+}
+
+/// The coarse one-row screen (see `crate::coarse`); `None` where
+/// [`coarse_screen_form`] has none and for rows longer than the kernel's
 /// stack scratch.
 pub(crate) fn screen_coarse(
     isa: Isa,
@@ -361,27 +388,33 @@ pub(crate) fn screen_coarse(
     r0: usize,
     hi: &mut [f32],
 ) -> Option<f32> {
-    if !coarse_runs(isa) || c.blocks() > coarse::MAX_BLOCKS {
+    if c.blocks() > coarse::MAX_BLOCKS {
         return None;
     }
-    // SAFETY: `isa` is at most `Isa::cpu_max()` and from `Avx512Vnni`, so
-    // AVX2, FMA, F16C, AVX-512 VL and VNNI are present, and VBMI was
-    // probed; the caller checked the rows and the row length.
-    Some(unsafe { coarse::screen_vbmi(sx, c, r0, hi) })
+    let form = coarse_screen_form(isa, c.blocks(), sx)?;
+    // SAFETY: `isa` is at most `Isa::cpu_max()`, so AVX2, FMA and F16C
+    // are present, and for `Vbmi` AVX-512 VL and VNNI, and VBMI was
+    // probed; `Avx2` has rows of 2+ blocks; the caller checked the rows
+    // and the row length.
+    match form {
+        CoarseForm::Vbmi => Some(unsafe { coarse::screen_vbmi(sx, c, r0, hi) }),
+        CoarseForm::Avx2 => Some(unsafe { coarse::screen_avx2(sx, c, r0, hi) }),
+    }
 }
 
-/// A coarse row back as Q8_0 bytes; `false` without VBMI.
+/// A coarse row back as Q8_0 bytes; `false` on `Isa::Scalar`.
 pub(crate) fn coarse_q8_0_row(
     isa: Isa,
     c: &crate::coarse::CoarseRows,
     r: usize,
     out: &mut [u8],
 ) -> bool {
-    if !coarse_runs(isa) {
-        return false;
-    }
     // SAFETY: as in `screen_coarse`; the caller checked `r` and `out`.
-    unsafe { coarse::q8_0_row(c, r, out) };
+    match coarse_form(isa, c.blocks()) {
+        None => return false,
+        Some(CoarseForm::Vbmi) => unsafe { coarse::q8_0_row_vbmi(c, r, out) },
+        Some(CoarseForm::Avx2) => unsafe { coarse::q8_0_row_avx2(c, r, out) },
+    }
     true
 }
 
