@@ -1,9 +1,10 @@
 //! Products with few x rows that stream weight rows through shared memory
 //! (kernels/stream.cu): the decode GEMV and the greedy head of 1 to 4
-//! hidden rows. A tile
-//! of rows per CTA and step, copied two stages deep with 16-byte
-//! asynchronous copies, the first tile requested before the kernel waits
-//! for the one that writes x.
+//! hidden rows. A tile of rows per CTA and step, copied two stages deep
+//! with 16-byte asynchronous copies, the first tile requested before the
+//! kernel waits for the one that writes x. Large one-row products
+//! ([`qdot_for`]) instead read their rows straight from global memory,
+//! a CTA per tile, and take qdot.cu's integer dots on a split x.
 
 use std::sync::MutexGuard;
 
