@@ -1,64 +1,44 @@
 #!/bin/bash
-# The next GPU session's first call, written 2026-12-05 when the device was
-# not lent: everything main holds that has not run on a GPU, and the
-# measurements the next changes need, in one call of ~9 minutes.
+# The next GPU session's first call (written 2026-12-05 18:40 UTC, when
+# the device budget was spent): time the batch-1 GEMV defaults landed in
+# cfcc5d3 (qdot + direct reads for products of 2^24+ weights in rows of
+# 2,048+ values; k-split 4; split_heads' early RoPE angles) against the
+# older forms, run every GPU test on them, and the 64-stream serve.
 #
 # Here (build machine, NVRTC on LD_LIBRARY_PATH for the pack's compile test):
 #   bench/gpu-check --pack gpu-x/p && tar cJf gpu-x/p.tar.xz -C gpu-x p && rm -rf gpu-x/p
-#   pending/variants/build gpu-x/v    # the kernel variants, as KILN_CUDA_SOURCE_DIR units
 #   cp pending/first-call.sh gpu-x/
-# Device: run(command="bash gpu-x/first-call.sh", carry=["gpu-x"], timeout_s=590)
-# STEPS (default "tests profile gemv head split") picks steps; a step the
-# time left cannot hold is cut, so a second call can run the rest, e.g.
-# STEPS="head split" bash gpu-x/first-call.sh.
+# Device: run(command="bash gpu-x/first-call.sh", carry=["gpu-x/p.tar.xz",
+#   "gpu-x/first-call.sh"], timeout_s=590). Carry only what a call needs
+#   (64 MiB in all, the working tree included).
 set -u
-STEPS=" ${STEPS:-tests profile gemv head split} "
-want() { [[ "$STEPS" == *" $1 "* ]]; }
-cd "$(dirname "$0")"; D=$PWD; R=$(cd .. && pwd)
+cd "$(dirname "$0")"; D=$PWD
 tar xJf p.tar.xz || exit 1
 export KILN_SHARED_DIR=$D/p/shared KILN_CACHE_DIR=/tmp/kiln-cache
-S=$KILN_CACHE_DIR/synth; O=/tmp/out; mkdir -p $S $O; T0=$(date +%s)
-left() { echo $((570 - $(date +%s) + T0)); }
+S=$KILN_CACHE_DIR/synth; O=${OUT:-/tmp}/o; mkdir -p $S $O; T0=$(date +%s)
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 for z in 270m 1b 4b; do p/bin/kiln synth --arch gemma3 --size $z --quant q4_k_m -o $S/gemma3-$z-q4_k_m.gguf >/dev/null 2>&1 & done
 wait
-# 1. Tests: what changed since the last GPU run (the tensor-core head) and
-#    the batched paths it feeds, side by side (NVRTC compiles each module
-#    once per process on a fresh machine: ~1-2 minutes of CPU each).
-if want tests; then
-for t in matmul kv_batch synth graphs fused ops; do
-    (timeout 200 p/bin/$t --test-threads=1 > $O/$t.log 2>&1; echo "$t rc=$? $(grep 'test result' $O/$t.log)") &
+timeout 150 p/bin/decode_bench $S/gemma3-270m-q4_k_m.gguf -p 16 -n 8 -r 1 >/dev/null 2>&1  # compiles the modules once
+echo "warm $(( $(date +%s) - T0 )) s"
+# 1. Benchmarks first (a quiet GPU), tg128 and pp512.
+b() { local line="$*:"; for z in 270m 1b 4b; do
+    r=$(env "$@" timeout 60 p/bin/decode_bench $S/gemma3-$z-q4_k_m.gguf -p 512 -n 128 -r 3 2>&1 | grep -o '"[pt][pg]_tok_s":[0-9.]*' | cut -d: -f2 | tr '\n' '/')
+    line="$line $z=$r"; done; echo "$line" | tee -a $O/bench.txt; }
+b X=defaults
+b KILN_CUDA_GEMV=f32 KILN_CUDA_STREAM=staged
+b KILN_CUDA_GEMV=qdot KILN_CUDA_STREAM=direct KILN_CUDA_GEMV_TILES=8
+b KILN_CUDA_GEMV_SPLIT=1
+b X=defaults
+echo "bench $(( $(date +%s) - T0 )) s"
+# 2. Every GPU test binary on the defaults, side by side (the synthetic
+#    file is written once above, so the test processes do not race).
+for t in matmul synth kv_batch graphs fused fixtures ops sample nan_fallback device fallback; do
+    [ -x p/bin/$t ] || continue
+    (timeout 240 p/bin/$t --test-threads=2 > $O/$t.log 2>&1; echo "$t rc=$? $(grep 'test result' $O/$t.log | tail -1)") &
 done
-(KILN_CUDA_MMA_HEAD=1 timeout 200 p/bin/matmul argmax --test-threads=1 > $O/matmul-head.log 2>&1
- echo "matmul argmax KILN_CUDA_MMA_HEAD=1 rc=$? $(grep 'test result' $O/matmul-head.log)") &
-(KILN_CUDA_MMA=2 timeout 200 p/bin/matmul --test-threads=1 > $O/matmul-mma2.log 2>&1
- echo "matmul KILN_CUDA_MMA=2 rc=$? $(grep 'test result' $O/matmul-mma2.log)") &
-# The grouped decode GEMV (pending/variants/gemv-groups.patch): one-token
-# products and whole models against the CPU.
-for t in matmul synth; do
-    (KILN_CUDA_SOURCE_DIR=$D/v/gemv-groups timeout 200 p/bin/$t --test-threads=1 > $O/$t-gemv.log 2>&1
-     echo "$t gemv-groups rc=$? $(grep 'test result' $O/$t-gemv.log)") &
-    (KILN_CUDA_GEMV=qdot timeout 200 p/bin/$t --test-threads=1 > $O/$t-qdot.log 2>&1
-     echo "$t KILN_CUDA_GEMV=qdot rc=$? $(grep 'test result' $O/$t-qdot.log)") &
-done
-# The attention variant (pending/variants/attn-tile-rows.patch).
-for t in ops fixtures synth kv_batch; do
-    (KILN_CUDA_SOURCE_DIR=$D/v/attn-tile-rows timeout 200 p/bin/$t --test-threads=1 > $O/$t-attn.log 2>&1
-     echo "$t attn-tile-rows rc=$? $(grep 'test result' $O/$t-attn.log)") &
-done
-wait; echo "tests done at $(( $(date +%s) - T0 )) s"
-grep -hE "panicked|^---- " $O/*.log | head -8
-fi
-# 2. Where a batch-1 step and a 64-row step go (1B, 4B): not yet profiled.
-want profile && for z in 1b 4b; do m=$S/gemma3-$z-q4_k_m.gguf
-    KILN_CUDA_PROFILE=1 timeout 40 p/bin/decode_bench $m -p 16 -n 64 -r 1 > $O/prof1-$z.log 2>&1
-    KILN_CUDA_PROFILE=1 timeout 40 p/bin/batch_bench $m -b 64 -p 128 -n 16 -r 1 > $O/prof64-$z.log 2>&1
-    echo "== $z batch 1"; grep -v '^\s*$' $O/prof1-$z.log | tail -22; echo "== $z batch 64"; grep -v '^\s*$' $O/prof64-$z.log | tail -22
-done
-# 3. Switches side by side: the grouped and the integer-dot GEMV and the
-#    attention variant (batch 1, pp512 / tg128), the tensor-core
-#    head, the split-x GEMM, the split target.
-want gemv && BATCHES=1 timeout $(( $(left) < 200 ? $(left) : 200 )) $R/bench/gpu-ab $D/p/bin 270m,1b,4b "" "KILN_CUDA_SOURCE_DIR=$D/v/gemv-groups" "KILN_CUDA_GEMV=qdot" "KILN_CUDA_SOURCE_DIR=$D/v/attn-tile-rows" 2>&1 | tee $O/ab-gemv.log
-want head && [ $(left) -gt 60 ] && BATCHES=16,64 DECODE=0 timeout $(( $(left) - 30 )) $R/bench/gpu-ab $D/p/bin 1b,4b "" "KILN_CUDA_MMA_HEAD=1" "KILN_CUDA_MMA=2" "KILN_CUDA_MMA=2 KILN_CUDA_MMA_HEAD=1" 2>&1 | tee $O/ab-head.log
-want split && [ $(left) -gt 100 ] && MATMUL=1 BATCHES=16,64 DECODE=0 timeout $(( $(left) - 10 )) $R/bench/gpu-ab $D/p/bin 1b,4b "" "KILN_CUDA_MMA=2" "KILN_CUDA_MMA_CTAS_PER_SM=occupancy" "KILN_CUDA_MMA_CTAS_PER_SM=2" 2>&1 | tee $O/ab-split.log
-tar czf $OUT/first-call.tgz -C /tmp out
+wait; echo "tests $(( $(date +%s) - T0 )) s"
+grep -h -A3 "panicked" $O/*.log | head -12
+# 3. Issue 13's 64 streams through kiln serve, if time is left.
+[ $(( $(date +%s) - T0 )) -lt 420 ] && timeout 150 ../bench/gpu-serve p/bin/kiln 4b 1,64 64 2>&1 | tail -8
+echo "done $(( $(date +%s) - T0 )) s"
