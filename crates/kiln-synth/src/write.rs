@@ -104,10 +104,15 @@ fn gen_chunk(seed: u64, index: usize, t: &TensorPlan, chunk: usize) -> Result<Ve
 }
 
 /// The `.part` file written before the rename, so an interrupted run never
-/// leaves a truncated file under the final name.
+/// leaves a truncated file under the final name; named for this writer
+/// (process and call), so writers of the same file side by side (test
+/// binaries on a GPU machine, parallel `kiln synth` runs) never write or
+/// rename each other's.
 fn part_path(out: &Path) -> PathBuf {
+    static WRITERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = WRITERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let mut name = out.file_name().unwrap_or_default().to_os_string();
-    name.push(".part");
+    name.push(format!(".{}-{n}.part", std::process::id()));
     out.with_file_name(name)
 }
 

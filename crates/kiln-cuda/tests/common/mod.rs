@@ -198,14 +198,8 @@ pub fn synth_file(size: &str) -> std::path::PathBuf {
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         let spec = kiln_synth::SynthSpec::new(kiln_model::Arch::Gemma3, size)
             .quant(kiln_synth::Quant::Q4KM);
-        // A file of this writer's own, then renamed: test binaries (and a
-        // binary's test threads) run side by side write the same model at
-        // once.
-        static WRITERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let n = WRITERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let own = path.with_extension(format!("{}-{n}.gguf", std::process::id()));
-        kiln_synth::synthesize(&spec, &own).unwrap_or_else(|e| panic!("synthesizing {size}: {e}"));
-        std::fs::rename(&own, &path).unwrap_or_else(|e| panic!("renaming {}: {e}", own.display()));
+        // Side-by-side writers are safe: each writes its own part file.
+        kiln_synth::synthesize(&spec, &path).unwrap_or_else(|e| panic!("synthesizing {size}: {e}"));
     }
     path
 }
