@@ -47,28 +47,26 @@ const GEMV_TILES_PER_SM: usize = 4;
 /// otherwise leave warps idle. On an H100, tg128 270M 1,438-1,463 -> 1,520
 /// tok/s, 1B and 4B unchanged (their tiles have groups enough).
 fn gemv_max_parts() -> i32 {
-    static N: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
-    *N.get_or_init(|| {
-        std::env::var("KILN_CUDA_GEMV_SPLIT")
-            .ok()
-            .and_then(|v| v.trim().parse().ok())
-            .filter(|n| [1, 2, 4].contains(n))
-            .unwrap_or(4)
-    })
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| env_number("KILN_CUDA_GEMV_SPLIT", |n| [1, 2, 4].contains(&n), 4)) as i32
 }
 
 /// `KILN_CUDA_GEMV_TILES=N` overrides [`GEMV_TILES_PER_SM`] (for A/B
 /// timing).
 fn gemv_tiles_per_sm() -> usize {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *N.get_or_init(|| {
-        std::env::var("KILN_CUDA_GEMV_TILES")
-            .ok()
-            .and_then(|v| v.trim().parse().ok())
-            .filter(|&n| n > 0)
-            .unwrap_or(GEMV_TILES_PER_SM)
-    })
+    *N.get_or_init(|| env_number("KILN_CUDA_GEMV_TILES", |n| n > 0, GEMV_TILES_PER_SM))
 }
+
+/// `name`'s value where it is a number that `ok` accepts, else `default`.
+fn env_number(name: &str, ok: impl Fn(usize) -> bool, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .filter(|&n| ok(n))
+        .unwrap_or(default)
+}
+
 /// Rows per tile the warps split evenly: up to one row each, else one
 /// group of R = 2 or 4 rows each.
 const TILE_ROWS: [usize; 6] = [16, 8, 4, 3, 2, 1];
@@ -118,22 +116,46 @@ pub(super) fn qdot_for(rows: usize, cols: usize) -> bool {
     }
 }
 
+/// How one-token products stream (`KILN_CUDA_STREAM`): `0` sends them to
+/// the register-only kernels of matmul.cu (for A/B timing); `direct` /
+/// `staged` read every GEMV's rows straight from global memory / through
+/// shared-memory stages; unset, by product ([`direct_for`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum StreamForm {
+    Off,
+    Direct,
+    Staged,
+    ByProduct,
+}
+
+fn stream_form() -> StreamForm {
+    static FORM: std::sync::OnceLock<StreamForm> = std::sync::OnceLock::new();
+    *FORM.get_or_init(
+        || match std::env::var("KILN_CUDA_STREAM").as_deref().map(str::trim) {
+            Ok("0") => StreamForm::Off,
+            Ok("direct") => StreamForm::Direct,
+            Ok("staged") => StreamForm::Staged,
+            _ => StreamForm::ByProduct,
+        },
+    )
+}
+
+/// Whether one-token products take the stream kernels at all.
+pub(super) fn stream_enabled() -> bool {
+    stream_form() != StreamForm::Off
+}
+
 /// Whether a GEMV reads its rows straight from global memory (no shared
-/// memory stages: occupancy bound by registers): `KILN_CUDA_STREAM=direct`
-/// always, `=staged` never, by default the qdot products (their
-/// registers, not the stages, bound them: 4B tg128 311 -> 339-345 tok/s on
-/// an H100, while the f32 kernels lost 10-25% read directly).
+/// memory stages: occupancy bound by registers): by default the qdot
+/// products (their registers, not the stages, bound them: 4B tg128 311 ->
+/// 339-345 tok/s on an H100, while the f32 kernels lost 10-25% read
+/// directly).
 fn direct_for(qdot: bool) -> bool {
-    static FORM: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
-    let form =
-        FORM.get_or_init(
-            || match std::env::var("KILN_CUDA_STREAM").as_deref().map(str::trim) {
-                Ok("direct") => Some(true),
-                Ok("staged") => Some(false),
-                _ => None,
-            },
-        );
-    form.unwrap_or(qdot)
+    match stream_form() {
+        StreamForm::Direct => true,
+        StreamForm::Staged => false,
+        StreamForm::Off | StreamForm::ByProduct => qdot,
+    }
 }
 
 /// Longest rows the split x workspace holds, and its size in floats:
@@ -143,13 +165,6 @@ pub(super) const QX_FLOATS: usize = QDOT_MAX_K * 3 / 4 + QDOT_MAX_K / 32 + QDOT_
 
 /// A workspace held while the launches that read it are enqueued.
 type HeldWorkspace<'a> = MutexGuard<'a, Option<CudaSlice<f32>>>;
-
-/// `KILN_CUDA_STREAM=0` sends one-token products to the register-only
-/// kernels of matmul.cu instead (for A/B timing).
-pub(super) fn stream_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("KILN_CUDA_STREAM").map_or(true, |v| v.trim() != "0"))
-}
 
 /// A launch of a stream kernel: rows per tile, the index into
 /// [`STREAM_R`], bytes per stage (0: rows read from global memory), stages
