@@ -74,6 +74,16 @@ struct Batch {
 /// with a non-finite logit gets `u32::MAX`, or, when it is the only row,
 /// the error naming that logit. A lone row takes the one-row screen
 /// (`matmul::argmax_screened`); `exact` skips every screen.
+/// Bytes of `w` a greedy head of `n` rows streams (for the profile's
+/// bandwidth figures): a lone row screens the coarse copy where one was
+/// made (26 of every 34 bytes), anything else the rows' bytes.
+pub(crate) fn screened_bytes(w: &CpuWeight, n: usize) -> usize {
+    match w.coarse.get() {
+        Some(Some(c)) if n == 1 => c.screen_bytes(),
+        _ => w.rows * w.row_bytes,
+    }
+}
+
 pub(crate) fn argmax_ids(
     par: &Par,
     isa: Isa,

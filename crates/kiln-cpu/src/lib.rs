@@ -591,7 +591,7 @@ impl Backend for CpuBackend {
                     rows.len()
                 )
             },
-            (w.rows * w.row_bytes) as u64,
+            head::screened_bytes(w, rows.len()) as u64,
         );
         check("argmax_head", rows.end * w.cols, h.len())?;
         check("argmax_head id", rows.end, step.ids.len())?;

@@ -125,6 +125,12 @@ impl CoarseRows {
         self.screen.len() + self.low.len()
     }
 
+    /// Bytes one screen of every row reads (scales and codes; the low
+    /// bits only for candidates).
+    pub fn screen_bytes(&self) -> usize {
+        self.rows * self.nb * SCREEN_BLOCK
+    }
+
     /// Row `r`'s screen part and low bits.
     pub(crate) fn row(&self, r: usize) -> (&[u8], &[u8]) {
         let nb = self.nb;
