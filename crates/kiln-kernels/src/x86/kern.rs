@@ -304,45 +304,9 @@ pub(super) fn has_kernel(ty: GgmlType, k: usize) -> bool {
 /// Runs `$body` with `$B` naming the decoder of `$ty`, else `$other`.
 macro_rules! by_type {
     ($ty:expr, $B:ident => $body:expr, _ => $other:expr) => {
-        match $ty {
-            GgmlType::Q4_0 => {
-                type $B = Q40;
-                $body
-            }
-            GgmlType::Q5_0 => {
-                type $B = Q50;
-                $body
-            }
-            GgmlType::Q8_0 => {
-                type $B = Q80;
-                $body
-            }
-            GgmlType::Q4K => {
-                type $B = Q4K;
-                $body
-            }
-            GgmlType::Q5K => {
-                type $B = Q5K;
-                $body
-            }
-            GgmlType::Q6K => {
-                type $B = Q6K;
-                $body
-            }
-            GgmlType::F32 => {
-                type $B = F32x32;
-                $body
-            }
-            GgmlType::F16 => {
-                type $B = F16x32;
-                $body
-            }
-            GgmlType::BF16 => {
-                type $B = Bf16x32;
-                $body
-            }
-            _ => $other,
-        }
+        by_decoder!($ty, $B => $body, _ => $other;
+            Q4_0 => Q40, Q5_0 => Q50, Q8_0 => Q80, Q4K => Q4K, Q5K => Q5K, Q6K => Q6K,
+            F32 => F32x32, F16 => F16x32, BF16 => Bf16x32)
     };
 }
 

@@ -118,6 +118,20 @@ macro_rules! entry_points {
     };
 }
 
+/// Runs `$body` with `$B` naming the decoder listed for `$ty` (the
+/// caller's `Variant => Decoder` pairs), else `$other`.
+macro_rules! by_decoder {
+    ($ty:expr, $B:ident => $body:expr, _ => $other:expr; $($v:ident => $d:ty),+ $(,)?) => {
+        match $ty {
+            $(GgmlType::$v => {
+                type $B = $d;
+                $body
+            })+
+            _ => $other,
+        }
+    };
+}
+
 mod amx;
 mod avx2;
 mod avx512;

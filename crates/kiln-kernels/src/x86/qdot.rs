@@ -24,33 +24,8 @@ use crate::qx::{QuantX, S};
 /// Runs `$body` with `$B` naming the decoder of `$ty`, else `$other`.
 macro_rules! by_qtype {
     ($ty:expr, $B:ident => $body:expr, _ => $other:expr) => {
-        match $ty {
-            GgmlType::Q4_0 => {
-                type $B = Q40;
-                $body
-            }
-            GgmlType::Q5_0 => {
-                type $B = Q50;
-                $body
-            }
-            GgmlType::Q8_0 => {
-                type $B = Q80;
-                $body
-            }
-            GgmlType::Q4K => {
-                type $B = Q4K;
-                $body
-            }
-            GgmlType::Q5K => {
-                type $B = Q5K;
-                $body
-            }
-            GgmlType::Q6K => {
-                type $B = Q6K;
-                $body
-            }
-            _ => $other,
-        }
+        by_decoder!($ty, $B => $body, _ => $other;
+            Q4_0 => Q40, Q5_0 => Q50, Q8_0 => Q80, Q4K => Q4K, Q5K => Q5K, Q6K => Q6K)
     };
 }
 
