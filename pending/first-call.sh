@@ -44,10 +44,12 @@ KILN_CUDA_PROFILE=1 timeout 60 p/bin/decode_bench $S/gemma3-4b-q4_k_m.gguf -p 16
 KILN_CUDA_PROFILE=1 KILN_CUDA_SOURCE_DIR=$D/p/old-src timeout 60 p/bin/decode_bench $S/gemma3-4b-q4_k_m.gguf -p 16 -n 64 -r 1 > $O/profile-4b-old.txt 2>&1
 head -30 $O/profile-4b.txt
 # 64-row batched decode: mma2 with bf16 codes held between steps (new2-src)
-# against the pack's kernels.
+# against the pack's kernels, and the 128-row CTA at 64 rows
+# (KILN_CUDA_MMA_WIDE=1, main since 2026-12-05 21:00; a pack older than
+# that ignores it).
 # (A pack rebuilt from main + the whole patch has item 3 built in: then
 # old-src is the baseline.)
-for z in 1b 4b; do for v in "X=1" "KILN_CUDA_SOURCE_DIR=$D/p/new2-src" "KILN_CUDA_SOURCE_DIR=$D/p/old-src"; do
+for z in 1b 4b; do for v in "X=1" "KILN_CUDA_SOURCE_DIR=$D/p/new2-src" "KILN_CUDA_SOURCE_DIR=$D/p/old-src" "KILN_CUDA_MMA_WIDE=1"; do
     echo "batch $z $v: $(env $v timeout 90 p/bin/batch_bench $S/gemma3-$z-q4_k_m.gguf -b 64 -p 64 -n 64 -r 3 2>&1 | grep -iE 'tok/s' | tail -2 | tr '\n' ' ')"
 done; done
 # 2. Every GPU test binary on the defaults, side by side (the synthetic

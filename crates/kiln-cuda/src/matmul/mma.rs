@@ -162,9 +162,23 @@ pub(super) fn mma2_smem_bytes(rows: usize, tokens: usize, group: usize) -> usize
 /// smallest token tile that holds them, and for more than 64 rows the
 /// 128-row CTA when its tiles alone fill the GPU (`sms` SMs).
 fn mma_shape(n_tok: usize, n_rows: usize, sms: usize) -> usize {
+    shape_for(n_tok, n_rows, sms, wide_tiles())
+}
+
+/// `KILN_CUDA_MMA_WIDE=1`: products of 33-64 rows take the 128-row CTA
+/// too, so each x tile is read by half as many CTAs (at 64 rows a k step
+/// of mma2's split x, 6 bytes a value, is ten times the Q4_K bytes of a
+/// 64-row weight tile). For A/B timing on a GPU; off by default.
+fn wide_tiles() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("KILN_CUDA_MMA_WIDE").is_ok_and(|v| v.trim() == "1"))
+}
+
+fn shape_for(n_tok: usize, n_rows: usize, sms: usize, wide: bool) -> usize {
     match n_tok {
         0..=16 => 0,
         17..=32 => 1,
+        33..=64 if wide => 3,
         33..=64 => 2,
         _ if n_rows.div_ceil(128) * n_tok.div_ceil(64) >= 2 * sms => 3,
         _ => 2,
@@ -414,12 +428,15 @@ mod tests {
 
     #[test]
     fn shapes_hold_the_rows_and_fill_the_gpu() {
-        assert_eq!(mma_shape(16, 1152, 132), 0);
-        assert_eq!(mma_shape(17, 1152, 132), 1);
-        assert_eq!(mma_shape(64, 1152, 132), 2);
+        assert_eq!(shape_for(16, 1152, 132, false), 0);
+        assert_eq!(shape_for(17, 1152, 132, false), 1);
+        assert_eq!(shape_for(64, 1152, 132, false), 2);
+        // KILN_CUDA_MMA_WIDE=1: 33-64 rows on the 128-row CTA.
+        assert_eq!(shape_for(64, 20_480, 132, true), 3);
+        assert_eq!(shape_for(32, 20_480, 132, true), 1);
         // 512 prefill rows of a 6912-row FFN: 54 x 8 tiles of 128 rows.
-        assert_eq!(mma_shape(512, 6912, 132), 3);
+        assert_eq!(shape_for(512, 6912, 132, false), 3);
         // Of a 640-row one: 5 x 8 tiles are too few, 64-row CTAs.
-        assert_eq!(mma_shape(512, 640, 132), 2);
+        assert_eq!(shape_for(512, 640, 132, false), 2);
     }
 }
