@@ -5,7 +5,8 @@
 # than one call (at most 600 s): `start` runs it in the background and
 # returns after ~9 minutes; `finish`, the very next call (the machine is
 # held 30 s between calls, and the soak goes on meanwhile), waits for it
-# and prints the result. Same pack as first-call.sh (gpu-x/p.tar.xz).
+# and prints the result. Pack: `bench/gpu-check --pack gpu-x/p` of main,
+# then `tar cJf gpu-x/p.tar.xz -C gpu-x p` (carry it and this file).
 #   run(command="bash gpu-x/soak-call.sh start", carry=[...p.tar.xz, this])
 #   run(command="bash gpu-x/soak-call.sh finish", carry=[same])
 set -u

@@ -85,12 +85,16 @@ __device__ __forceinline__ float bf16_hi(u32 w) { return __uint_as_float(w & 0xF
 // (g, t) = (lane / 4, lane % 4) holds A rows g and g + 8 at column pairs
 // 2t and 2t + 8, B column g at row pairs 2t and 2t + 8, C rows g and g + 8
 // at columns 2t, 2t + 1).
+// (TYPE: the operands' PTX type, bf16 or f16; mma2.cu's half planes take
+// the f16 form.)
+#define KILN_MMA_16816(TYPE)                                                                                    \
+    asm("mma.sync.aligned.m16n8k16.row.col.f32." TYPE "." TYPE ".f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "    \
+        "{%8, %9}, {%0, %1, %2, %3};"                                                                          \
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                                                        \
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]))
 __device__ __forceinline__ void mma_bf16(float (&c)[4], const u32 (&a)[4], const u32 (&b)[2]) {
 #if __CUDA_ARCH__ >= 800
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    KILN_MMA_16816("bf16");
 #endif
 }
 

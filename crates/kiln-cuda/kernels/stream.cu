@@ -21,10 +21,11 @@
 //
 // A tile of fewer row groups than warps (few long rows: the down
 // projections) may have up to `max_parts` warps split a group's units and
-// add their sums through shared memory, so every warp has work. With `stage_bytes` 0 the
-// kernel reads its rows straight from global memory instead of staging
-// them (KILN_CUDA_STREAM=direct, stream.rs: occupancy then bound by
-// registers, not by the stages' shared memory).
+// add their sums through shared memory, so every warp has work. The dots'
+// policy says whether rows are staged at all: qdot.cu's read their rows
+// straight from global memory (occupancy then bound by registers, not by
+// the stages' shared memory), each form a kernel of its own, so neither
+// pays the other's registers.
 //
 // Tiles start wherever their first row does: the copy starts at the 16-byte
 // boundary below it, so a row keeps its address modulo 16 in shared memory
@@ -147,6 +148,7 @@ __device__ __forceinline__ void stage_dots(const u8* rows, u64 row_bytes, int n,
 // The dots of a warp's rows: stage_dots (f32 x), or qdot.cu's integer
 // dots on x split into int8 planes.
 struct F32Dots {
+    static constexpr bool STAGED = true;
     template <class T, int NT, int R>
     static __device__ __forceinline__ void run(const u8* rows, u64 row_bytes, int n, int k, const float* x, int n_tok,
                                                int part, int parts, float (&acc)[R][NT]) {
@@ -154,16 +156,17 @@ struct F32Dots {
     }
 };
 
-// Streams rows 0 .. n_rows of `w` through shared memory and calls
-// `visit(row, t, dot)` for each row's dot with x row t < n_tok, in every
-// lane of the warp that computed it.
+// Streams rows 0 .. n_rows of `w` (through shared memory where
+// Dots::STAGED, stage_bytes a stage) and calls `visit(row, t, dot)` for
+// each row's dot with x row t < n_tok, in every lane of the warp that
+// computed it.
 template <class T, int NT, int R, class Dots = F32Dots, class Visit>
 __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, u64 row_bytes, const u8* end, int n_rows,
                                             int k, int tile_rows, u32 stage_bytes, int max_parts,
                                             const float* __restrict__ x, int n_tok, Visit visit) {
     extern __shared__ __align__(16) u8 stages[];
     __shared__ float part_acc[STREAM_WARPS][R][NT];
-    const bool staged = stage_bytes != 0;
+    constexpr bool staged = Dots::STAGED;
     const int n_tiles = (n_rows + tile_rows - 1) / tile_rows;
     int tile = blockIdx.x;
     if (staged && tile < n_tiles) stage_tile(stages, tile_span(w, row_bytes, n_rows, tile_rows, tile), row_bytes, end);
@@ -217,7 +220,7 @@ __device__ __forceinline__ void stream_rows(const u8* __restrict__ w, u64 row_by
                     }
             }
         };
-        if (staged) {
+        if constexpr (staged) {
             const int next = tile + gridDim.x;
             if (next < n_tiles) {
                 stage_tile(stages + ((i + 1) & 1) * stage_bytes, tile_span(w, row_bytes, n_rows, tile_rows, next),

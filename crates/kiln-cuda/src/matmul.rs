@@ -135,10 +135,11 @@ struct TypeKernels {
     mma: Vec<CudaFunction>,
     mma_argmax: Vec<CudaFunction>,
     /// By default (not `KILN_CUDA_MMA=1`): x split once per product, then
-    /// the GEMM.
-    mma2_split_x: CudaFunction,
-    mma2: Vec<CudaFunction>,
-    mma2_argmax: Vec<CudaFunction>,
+    /// the GEMM; `[bfloat16 planes, half planes]` (mma2.cu's policies,
+    /// chosen per shape by mma.rs's `half_planes`).
+    mma2_split_x: [CudaFunction; 2],
+    mma2: [Vec<CudaFunction>; 2],
+    mma2_argmax: [Vec<CudaFunction>; 2],
     /// The large one-token products (stream.rs's `qdot_for`): x split into
     /// int8 planes, then the GEMV and head of one row on integer dot
     /// products.
@@ -490,7 +491,7 @@ impl Matmul {
                     let f = gpu.function(src, &name)?;
                     if self.tensor_cores {
                         let bytes = match op {
-                            "mma2_gemm" | "mma2_argmax" => {
+                            "mma2_gemm" | "mma2_argmax" | "mma2h_gemm" | "mma2h_argmax" => {
                                 mma2_smem_bytes(rows, tokens, mma_group(w.ty))
                             }
                             _ => mma_smem_bytes(rows, tokens),
@@ -519,9 +520,9 @@ impl Matmul {
                 .collect::<Result<Vec<_>>>()?,
             mma: mma_kernels("mma_gemm")?,
             mma_argmax: mma_kernels("mma_argmax")?,
-            mma2_split_x: get("mma2_split_x")?,
-            mma2: mma_kernels("mma2_gemm")?,
-            mma2_argmax: mma_kernels("mma2_argmax")?,
+            mma2_split_x: [get("mma2_split_x")?, get("mma2h_split_x")?],
+            mma2: [mma_kernels("mma2_gemm")?, mma_kernels("mma2h_gemm")?],
+            mma2_argmax: [mma_kernels("mma2_argmax")?, mma_kernels("mma2h_argmax")?],
             qx_split: get("qx_split")?,
             qdot_matvec: streamed("qdot_matvec")?,
             qdot_argmax: streamed("qdot_argmax")?,

@@ -100,7 +100,20 @@ pub(super) enum MmaMode {
     /// tensor-core head: 1B 16 / 64 rows 4,804 / 11,202 tok/s against
     /// 4,596 / 10,277 on `mma_gemm`, 4B 1,975 / 3,639 against 1,810 /
     /// 3,389.
+    ///
+    /// The planes of x by tile (`half_planes`): 64-token tiles take two
+    /// IEEE half planes scaled by a power of two per token (the `mma2h_`
+    /// kernels, mma2.cu's HalfPlanes: two MMAs per fragment instead of
+    /// three, two thirds of the x tile's bytes), smaller ones three
+    /// bfloat16 planes. H100, 2026-12-05 (bench/RESULTS.md), `batch_bench`
+    /// tok/s at 16 / 64 rows: 4B 2,567 / 4,785 (bfloat16 everywhere 2,567
+    /// / 3,918, half everywhere 2,200 / 4,785), 1B 6,237 / 13,738
+    /// (6,237 / 13,310; 5,239 / 13,738).
     Split,
+    /// `2`: `Split` with bfloat16 planes at every tile size.
+    SplitBf16,
+    /// `3`: `Split` with half planes at every tile size.
+    SplitHalf,
     /// `0`: none (the f32 kernels, for A/B timing).
     Off,
 }
@@ -111,6 +124,8 @@ pub(super) fn mma_mode() -> MmaMode {
         || match std::env::var("KILN_CUDA_MMA").as_deref().map(str::trim) {
             Ok("0") => MmaMode::Off,
             Ok("1") => MmaMode::On,
+            Ok("2") => MmaMode::SplitBf16,
+            Ok("3") => MmaMode::SplitHalf,
             _ => MmaMode::Split,
         },
     )
@@ -140,6 +155,17 @@ const MMA2_MAX_TOKENS: usize = 128;
 const MMA2_MAX_K: usize = 16_384;
 pub(super) const MMA2_WORDS: usize =
     MMA2_MAX_TOKENS * MMA2_MAX_K * 3 / 2 + MMA2_MAX_TOKENS * MMA2_MAX_K / 16;
+
+/// Whether the split-x kernels of a tile of `tokens` take half planes
+/// (index 1 of `TypeKernels::mma2*`) rather than bfloat16 ones (0), in
+/// `mode` ([`MmaMode::Split`]).
+pub(super) fn half_planes(mode: MmaMode, tokens: usize) -> usize {
+    match mode {
+        MmaMode::SplitHalf => 1,
+        MmaMode::Split if tokens >= 64 => 1,
+        _ => 0,
+    }
+}
 
 /// Columns under one (d, m) as mma2.cu groups them (`MmaGroup`).
 pub(super) fn mma_group(ty: GgmlType) -> usize {
@@ -239,7 +265,8 @@ impl Matmul {
         let (_, tile_rows, tokens, _) = MMA_SHAPES[shape];
         let group = mma_group(w.ty);
         let smem_bytes = mma2_smem_bytes(tile_rows, tokens, group);
-        let f = &k.mma2[shape];
+        let planes = half_planes(mma_mode(), tokens);
+        let f = &k.mma2[planes][shape];
         let mut guard = self.mma2_x.lock().unwrap_or_else(|e| e.into_inner());
         let ws = self.split_x(gpu, k, w, &x.slice(..), n_tok, tokens, &mut guard)?;
         // One wave of resident CTAs unless told otherwise (mma_gemm's
@@ -253,12 +280,17 @@ impl Matmul {
     /// Whether `n_tok` rows of `w` take the split-x kernels
     /// (the default mode, within the workspace).
     fn mma2_fits(&self, w: &CudaWeight, n_tok: usize) -> bool {
-        mma_mode() == MmaMode::Split && n_tok <= MMA2_MAX_TOKENS && w.cols <= MMA2_MAX_K
+        matches!(
+            mma_mode(),
+            MmaMode::Split | MmaMode::SplitBf16 | MmaMode::SplitHalf
+        ) && n_tok <= MMA2_MAX_TOKENS
+            && w.cols <= MMA2_MAX_K
     }
 
     /// Splits `x` (`n_tok` rows of `w.cols` values) into the workspace in
     /// `guard` (allocated on first use) for tiles of `tokens`
-    /// (`mma2_split_x`), and returns the workspace.
+    /// (`mma2_split_x` or `mma2h_split_x`, as [`half_planes`] picks for
+    /// that tile, as its GEMM), and returns the workspace.
     #[allow(clippy::too_many_arguments)]
     fn split_x<'g>(
         &self,
@@ -293,7 +325,8 @@ impl Matmul {
         // <= MMA2_MAX_K, a multiple of 64). The kernels find the sums
         // after the planes.
         let (xp, _guard) = x.device_ptr(&gpu.stream);
-        launch!(gpu, &k.mma2_split_x, cfg, &format!("split x for {}", w.name);
+        let f = &k.mma2_split_x[half_planes(mma_mode(), tokens)];
+        launch!(gpu, f, cfg, &format!("split x for {}", w.name);
             xp, n_tok_i, cols, rows_i, kp_i, group_i, gpu.ptr(ws, 0), gpu.ptr(ws, 3 * rows * kp / 2))?;
         Ok(ws)
     }
@@ -352,7 +385,7 @@ impl Matmul {
         let split = self.mma2_fits(w, n);
         let (f, smem_bytes) = match split {
             true => (
-                &k.mma2_argmax[shape],
+                &k.mma2_argmax[half_planes(mma_mode(), tokens)][shape],
                 mma2_smem_bytes(rows, tokens, mma_group(w.ty)),
             ),
             false => (&k.mma_argmax[shape], mma_smem_bytes(rows, tokens)),
@@ -424,6 +457,15 @@ mod tests {
         assert_eq!(parse_split_target("x"), SplitTarget::Threads);
         assert_eq!(parse_split_target(" 2 "), SplitTarget::Ctas(2));
         assert_eq!(parse_split_target("occupancy"), SplitTarget::Occupancy);
+    }
+
+    #[test]
+    fn half_planes_take_the_64_token_tiles_by_default() {
+        assert_eq!(half_planes(MmaMode::Split, 16), 0);
+        assert_eq!(half_planes(MmaMode::Split, 32), 0);
+        assert_eq!(half_planes(MmaMode::Split, 64), 1);
+        assert_eq!(half_planes(MmaMode::SplitBf16, 64), 0);
+        assert_eq!(half_planes(MmaMode::SplitHalf, 16), 1);
     }
 
     #[test]

@@ -116,46 +116,16 @@ pub(super) fn qdot_for(rows: usize, cols: usize) -> bool {
     }
 }
 
-/// How one-token products stream (`KILN_CUDA_STREAM`): `0` sends them to
-/// the register-only kernels of matmul.cu (for A/B timing); `direct` /
-/// `staged` read every GEMV's rows straight from global memory / through
-/// shared-memory stages; unset, by product ([`direct_for`]).
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum StreamForm {
-    Off,
-    Direct,
-    Staged,
-    ByProduct,
-}
-
-fn stream_form() -> StreamForm {
-    static FORM: std::sync::OnceLock<StreamForm> = std::sync::OnceLock::new();
-    *FORM.get_or_init(
-        || match std::env::var("KILN_CUDA_STREAM").as_deref().map(str::trim) {
-            Ok("0") => StreamForm::Off,
-            Ok("direct") => StreamForm::Direct,
-            Ok("staged") => StreamForm::Staged,
-            _ => StreamForm::ByProduct,
-        },
-    )
-}
-
-/// Whether one-token products take the stream kernels at all.
+/// Whether one-token products take the stream kernels at all
+/// (`KILN_CUDA_STREAM=0` sends them to the register-only kernels of
+/// matmul.cu, for A/B timing). The f32 kernels stage their rows through
+/// shared memory, the qdot ones read them straight from global memory
+/// (each kernel holds one form: stream.cu's `Dots::STAGED`): on an H100
+/// the qdot products took the 4B's tg128 311 -> 339-345 tok/s read
+/// directly, while the f32 kernels lost 10-25%.
 pub(super) fn stream_enabled() -> bool {
-    stream_form() != StreamForm::Off
-}
-
-/// Whether a GEMV reads its rows straight from global memory (no shared
-/// memory stages: occupancy bound by registers): by default the qdot
-/// products (their registers, not the stages, bound them: 4B tg128 311 ->
-/// 339-345 tok/s on an H100, while the f32 kernels lost 10-25% read
-/// directly).
-fn direct_for(qdot: bool) -> bool {
-    match stream_form() {
-        StreamForm::Direct => true,
-        StreamForm::Staged => false,
-        StreamForm::Off | StreamForm::ByProduct => qdot,
-    }
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("KILN_CUDA_STREAM").as_deref().map(str::trim) != Ok("0"))
 }
 
 /// Longest rows the split x workspace holds, and its size in floats:
@@ -297,7 +267,7 @@ impl Matmul {
             return Ok(false);
         };
         let split = self.split_qx(gpu, k, w, n_rows, &x.slice(..))?;
-        if direct_for(split.is_some()) {
+        if split.is_some() {
             plan = plan.direct();
         }
         let (row0, rows) = (as_i32("row0", row0)?, as_i32("rows", n_rows)?);
@@ -371,7 +341,8 @@ impl Matmul {
         ids: &mut CudaSlice<u32>,
         slot: usize,
     ) -> Result<bool> {
-        let Some(plan) = Plan::argmax(w.row_bytes, w.rows, n, self.sms, self.smem_per_sm) else {
+        let Some(mut plan) = Plan::argmax(w.row_bytes, w.rows, n, self.sms, self.smem_per_sm)
+        else {
             return Ok(false);
         };
         let f = match n {
@@ -394,7 +365,10 @@ impl Matmul {
             _ => None,
         };
         let (f, xp) = match &split {
-            Some((xq, _)) => (&k.qdot_argmax[plan.r], *xq),
+            Some((xq, _)) => {
+                plan = plan.direct();
+                (&k.qdot_argmax[plan.r], *xq)
+            }
             None => (f, gpu.ptr(h, row * w.cols)),
         };
         // Reads every weight row (never past its end) and x rows
