@@ -147,14 +147,31 @@ pub(super) fn mma_wanted(mode: MmaMode, n_tok: usize) -> bool {
     mode != MmaMode::Off && n_tok >= MMA_MIN_TOKENS
 }
 
-/// Most token rows `mma2_gemm` takes (batched decode), and the longest
-/// rows (k) its workspace holds: 3 bfloat16 planes and the group sums of
-/// 128 x 16,384 values (26 MiB, allocated on first use, before any
-/// capture: a graph keeps its address).
+/// Most token rows `mma2_gemm` takes by default (batched decode), and the
+/// longest rows (k) its workspace holds: 3 bfloat16 planes and the group
+/// sums of 128 x 16,384 values (26 MiB, allocated on first use, before
+/// any capture: a graph keeps its address).
 const MMA2_MAX_TOKENS: usize = 128;
 const MMA2_MAX_K: usize = 16_384;
-pub(super) const MMA2_WORDS: usize =
-    MMA2_MAX_TOKENS * MMA2_MAX_K * 3 / 2 + MMA2_MAX_TOKENS * MMA2_MAX_K / 16;
+
+/// Workspace words of the split x of `tokens` rows of [`MMA2_MAX_K`].
+const fn mma2_words(tokens: usize) -> usize {
+    tokens * MMA2_MAX_K * 3 / 2 + tokens * MMA2_MAX_K / 16
+}
+
+/// `KILN_CUDA_MMA2_ROWS=N` (128 to 512): products of up to N rows take
+/// the split-x GEMM (prefill chunks too, on half planes), the workspace
+/// sized for them (N / 128 x 26 MiB). For A/B timing.
+fn mma2_max_tokens() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| {
+        std::env::var("KILN_CUDA_MMA2_ROWS")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .filter(|n| (MMA2_MAX_TOKENS..=512).contains(n))
+            .map_or(MMA2_MAX_TOKENS, |n| n.next_multiple_of(128))
+    })
+}
 
 /// Whether the split-x kernels of a tile of `tokens` take half planes
 /// (index 1 of `TypeKernels::mma2*`) rather than bfloat16 ones (0), in
@@ -283,7 +300,7 @@ impl Matmul {
         matches!(
             mma_mode(),
             MmaMode::Split | MmaMode::SplitBf16 | MmaMode::SplitHalf
-        ) && n_tok <= MMA2_MAX_TOKENS
+        ) && n_tok <= mma2_max_tokens()
             && w.cols <= MMA2_MAX_K
     }
 
@@ -306,7 +323,9 @@ impl Matmul {
             Some(ws) => ws,
             // Before any capture: the warm-up run of a step (run_step
             // runs it plainly first) allocates it.
-            None => guard.insert(gpu.alloc::<f32>(MMA2_WORDS, "split x workspace")?),
+            None => {
+                guard.insert(gpu.alloc::<f32>(mma2_words(mma2_max_tokens()), "split x workspace")?)
+            }
         };
         let (rows, kp, group) = (
             n_tok.next_multiple_of(tokens),
@@ -320,8 +339,9 @@ impl Matmul {
             BLOCK,
         );
         // Reads n_tok * cols of x (checked by the caller); writes 3 * rows *
-        // kp / 2 + rows * kp / group <= MMA2_WORDS words (rows: n_tok <=
-        // MMA2_MAX_TOKENS rounded up to a token tile, which divides it; kp
+        // kp / 2 + rows * kp / group <= mma2_words(mma2_max_tokens()) words
+        // (rows: n_tok <= mma2_max_tokens(), a multiple of 128, rounded up
+        // to a token tile of at most 64, which divides it; kp
         // <= MMA2_MAX_K, a multiple of 64). The kernels find the sums
         // after the planes.
         let (xp, _guard) = x.device_ptr(&gpu.stream);
@@ -445,7 +465,10 @@ mod tests {
         // The largest CTA fits an H200 SM's 227 KiB (with 16-column groups).
         assert!(mma2_smem_bytes(128, 64, 16) <= 227 << 10);
         // 128 rows of 16,384 values: planes and 16-column sums.
-        assert_eq!(MMA2_WORDS, 3 * 128 * 16_384 / 2 + 128 * 16_384 / 16);
+        assert_eq!(
+            mma2_words(MMA2_MAX_TOKENS),
+            3 * 128 * 16_384 / 2 + 128 * 16_384 / 16
+        );
         assert_eq!(mma_group(GgmlType::Q4K), 32);
         assert_eq!(mma_group(GgmlType::Q6K), 16);
     }
