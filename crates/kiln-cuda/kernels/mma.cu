@@ -153,20 +153,29 @@ __device__ __forceinline__ void mma_load(const u8* __restrict__ w, u64 row_bytes
     }
 }
 
+// Stores this thread's unit of pass p into shared memory: its codes as
+// 16-bit pairs, and, from a group's first unit, the (d, m) of its group of
+// G columns (mma2.cu's weight store shares it).
+template <class S, int G>
+__device__ __forceinline__ void mma_store_unit(int p, uint4 codes, Affine a, u32* ws, float2* wa) {
+    constexpr int GU = G / 8;  // 2 or 4 units
+    static_assert(GU == 2 || GU == 4, "groups of 16 or 32 columns");
+    const int i = threadIdx.x + p * S::THREADS;
+    const int r = i / MMA_K_UNITS, j = i % MMA_K_UNITS;
+    *(uint4*)(ws + r * MMA_STRIDE + 4 * j) = codes;
+    if ((j & (GU - 1)) == 0) wa[r * (MMA_K / G) + (j >> (GU == 4 ? 2 : 1))] = make_float2(a.d, a.m);
+}
+
 // Writes the staged step's weights into shared memory: codes as bfloat16
 // (exact), and the (d, m) of each group of G columns (from its first unit).
 template <class S, int G>
 __device__ __forceinline__ void mma_store_w(const MmaStage<S>& st, u32* ws, float2* wa) {
-    constexpr int GU = G / 8;  // 2 or 4 units
-    static_assert(GU == 2 || GU == 4, "groups of 16 or 32 columns");
 #pragma unroll
     for (int p = 0; p < S::W_PASSES; p++) {
-        const int i = threadIdx.x + p * S::THREADS;
-        const int r = i / MMA_K_UNITS, j = i % MMA_K_UNITS;
         const float* q = st.q[p];
-        *(uint4*)(ws + r * MMA_STRIDE + 4 * j) = make_uint4(pack_bf16(q[0], q[1]), pack_bf16(q[2], q[3]),
-                                                            pack_bf16(q[4], q[5]), pack_bf16(q[6], q[7]));
-        if ((j & (GU - 1)) == 0) wa[r * (MMA_K / G) + (j >> (GU == 4 ? 2 : 1))] = make_float2(st.a[p].d, st.a[p].m);
+        mma_store_unit<S, G>(p, make_uint4(pack_bf16(q[0], q[1]), pack_bf16(q[2], q[3]), pack_bf16(q[4], q[5]),
+                                           pack_bf16(q[6], q[7])),
+                             st.a[p], ws, wa);
     }
 }
 

@@ -197,8 +197,8 @@ struct Mma2Shape {
 };
 
 // Copies GROUPS floats per token of the tile's tokens (16 bytes for 4
-// groups, 8 for 2) from `src` (rows of kp / G floats) to `dst` (GROUPS a
-// token), by cp.async.
+// groups, 8 for 2: the group sums of x) from `src` (rows of kp / G
+// floats) to `dst` (GROUPS a token), by cp.async.
 template <class T, class S, int GROUPS>
 __device__ __forceinline__ void mma2_copy_groups(const float* src, int kp, int tok0, int u0, float* dst) {
     for (int t = threadIdx.x; t < S::TOKENS; t += S::THREADS) {
@@ -275,15 +275,8 @@ __device__ __forceinline__ void mma2_load_w(const Mma2Rows<S>& rows, int u0, int
 // layout): codes, and the (d, m) of each group of G columns.
 template <class S, int G>
 __device__ __forceinline__ void mma2_store_w(const Mma2Stage<S>& st, u32* ws, float2* wa) {
-    constexpr int GU = G / 8;  // 2 or 4 units
-    static_assert(GU == 2 || GU == 4, "groups of 16 or 32 columns");
 #pragma unroll
-    for (int p = 0; p < S::W_PASSES; p++) {
-        const int i = threadIdx.x + p * S::THREADS;
-        const int r = i / MMA_K_UNITS, j = i % MMA_K_UNITS;
-        *(uint4*)(ws + r * MMA_STRIDE + 4 * j) = st.q[p];
-        if ((j & (GU - 1)) == 0) wa[r * (MMA_K / G) + (j >> (GU == 4 ? 2 : 1))] = make_float2(st.a[p].d, st.a[p].m);
-    }
+    for (int p = 0; p < S::W_PASSES; p++) mma_store_unit<S, G>(p, st.q[p], st.a[p], ws, wa);
 }
 
 // Four (or two) 8 x 8 bfloat16 matrices from shared memory into MMA
@@ -304,10 +297,11 @@ __device__ __forceinline__ u32 smem_addr(const void* p) { return (u32)__cvta_gen
 
 // acc += this warp's block of a step: per group of columns under one
 // (d, m), the planes' products of its chunks into a fresh f32 tile
-// (small planes first), then acc += d * tile (+ m * sum(x)). Fragments by ldmatrix: A of rows 16 mi ..
-// as matrices (rows 0-7, 8-15) x (words 0-3, 4-7); B of tokens 8 ni ..
-// as (planes 2, 1) x (words 0-3, 4-7), then plane 0's two (three planes),
-// or as (planes 1, 0) x (words 0-3, 4-7) (two).
+// (small planes first), then acc += d * tile (+ m * sum(x)). Fragments
+// by ldmatrix: A of rows 16 mi .. as matrices (rows 0-7, 8-15) x (words
+// 0-3, 4-7); B of tokens 8 ni .. as (planes 2, 1) x (words 0-3, 4-7), then
+// plane 0's two (three planes), or as (planes 1, 0) x (words 0-3, 4-7)
+// (two).
 template <class T, class P, int N8, int GROUPS>
 __device__ __forceinline__ void mma2_step(const u32* ws, const float2* wa, const u32* xs, int plane_words,
                                           const float* xsum, float (&acc)[2][N8][4]) {

@@ -16,7 +16,7 @@ use kiln_model::Result;
 use kiln_quant::GgmlType;
 
 use super::skinny::TiledGemm;
-use super::{as_i32, grid, Matmul, TypeKernels, BLOCK};
+use super::{as_i32, env_number, grid, Matmul, TypeKernels, BLOCK};
 use crate::gpu::{cuda_err, Gpu};
 use crate::ops::launch;
 use crate::weight::CudaWeight;
@@ -165,11 +165,8 @@ const fn mma2_words(tokens: usize) -> usize {
 fn mma2_max_tokens() -> usize {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *N.get_or_init(|| {
-        std::env::var("KILN_CUDA_MMA2_ROWS")
-            .ok()
-            .and_then(|v| v.trim().parse::<usize>().ok())
-            .filter(|n| (MMA2_MAX_TOKENS..=512).contains(n))
-            .map_or(MMA2_MAX_TOKENS, |n| n.next_multiple_of(128))
+        let ok = |n| (MMA2_MAX_TOKENS..=512).contains(&n);
+        env_number("KILN_CUDA_MMA2_ROWS", ok, MMA2_MAX_TOKENS).next_multiple_of(128)
     })
 }
 

@@ -11,7 +11,7 @@ use std::sync::MutexGuard;
 use cudarc::driver::{CudaSlice, CudaView, DevicePtr, LaunchConfig};
 use kiln_model::Result;
 
-use super::{as_i32, Matmul, TypeKernels};
+use super::{as_i32, env_number, Matmul, TypeKernels};
 use crate::gpu::Gpu;
 use crate::ops::launch;
 use crate::weight::CudaWeight;
@@ -56,15 +56,6 @@ fn gemv_max_parts() -> i32 {
 fn gemv_tiles_per_sm() -> usize {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *N.get_or_init(|| env_number("KILN_CUDA_GEMV_TILES", |n| n > 0, GEMV_TILES_PER_SM))
-}
-
-/// `name`'s value where it is a number that `ok` accepts, else `default`.
-fn env_number(name: &str, ok: impl Fn(usize) -> bool, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
-        .filter(|&n| ok(n))
-        .unwrap_or(default)
 }
 
 /// Rows per tile the warps split evenly: up to one row each, else one
