@@ -5,10 +5,10 @@
 //! (F32 and F16 are not exact in bfloat16 and keep the f32 kernels). It
 //! takes every product of 8 or more token rows (batched decode and
 //! prefill), where it measured faster than the f32 kernels on the H200
-//! ([`MMA_MIN_TOKENS`]); products of up to 128 rows go to `mma2_gemm`
+//! ([`MMA_MIN_TOKENS`]); products of up to 512 rows go to `mma2_gemm`
 //! (mma2.cu: x split once per product, ~30% fewer instructions per k step
 //! by the SASS; with the head below, batched decode 18-30% faster on an
-//! H100). `KILN_CUDA_MMA=1` keeps every product on `mma_gemm` and
+//! H100, and prefill 12-31%). `KILN_CUDA_MMA=1` keeps every product on `mma_gemm` and
 //! `KILN_CUDA_MMA=0` sends none (A/B timing, and the f32 kernels' tests).
 
 use cudarc::driver::{CudaFunction, CudaSlice, CudaView, DevicePtr, LaunchConfig};
@@ -23,11 +23,12 @@ use crate::weight::CudaWeight;
 
 /// `(name, weight rows, tokens, threads)` of the CTA shapes of
 /// `mma_gemm_*` (`KILN_MMA` in mma.cu), smallest first.
-pub(super) const MMA_SHAPES: [(&str, usize, usize, u32); 4] = [
+pub(super) const MMA_SHAPES: [(&str, usize, usize, u32); 5] = [
     ("m64n16", 64, 16, 128),
     ("m64n32", 64, 32, 128),
     ("m64n64", 64, 64, 128),
     ("m128n64", 128, 64, 256),
+    ("m128n128", 128, 128, 256),
 ];
 /// 8-value units of one k step (`MMA_K_UNITS`): splits are multiples.
 const MMA_K_UNITS: usize = 8;
@@ -147,11 +148,14 @@ pub(super) fn mma_wanted(mode: MmaMode, n_tok: usize) -> bool {
     mode != MmaMode::Off && n_tok >= MMA_MIN_TOKENS
 }
 
-/// Most token rows `mma2_gemm` takes by default (batched decode), and the
-/// longest rows (k) its workspace holds: 3 bfloat16 planes and the group
-/// sums of 128 x 16,384 values (26 MiB, allocated on first use, before
-/// any capture: a graph keeps its address).
-const MMA2_MAX_TOKENS: usize = 128;
+/// Most token rows `mma2_gemm` takes by default (batched decode and
+/// prefill chunks of up to 512 rows), and the longest rows (k) its
+/// workspace holds: 3 bfloat16 planes and the group sums of 512 x 16,384
+/// values (52 MiB, allocated on first use, before any capture: a graph
+/// keeps its address). H100, 2026-12-05 (bench/RESULTS.md), pp512 against
+/// 128 rows (prefill on `mma_gemm`): 270M 62.5k -> 70k tok/s, 1B 21.1k ->
+/// 23.4k, 4B 5.5k -> 7.2k.
+const MMA2_MAX_TOKENS: usize = 512;
 const MMA2_MAX_K: usize = 16_384;
 
 /// Workspace words of the split x of `tokens` rows of [`MMA2_MAX_K`].
@@ -159,13 +163,13 @@ const fn mma2_words(tokens: usize) -> usize {
     tokens * MMA2_MAX_K * 3 / 2 + tokens * MMA2_MAX_K / 16
 }
 
-/// `KILN_CUDA_MMA2_ROWS=N` (128 to 512): products of up to N rows take
-/// the split-x GEMM (prefill chunks too, on half planes), the workspace
-/// sized for them (N / 128 x 26 MiB). For A/B timing.
+/// `KILN_CUDA_MMA2_ROWS=N` (128 to 512, default 512): products of up to
+/// N rows take the split-x GEMM, the workspace sized for them (N x 104
+/// KiB); `128` sends prefill chunks back to `mma_gemm` (A/B timing).
 fn mma2_max_tokens() -> usize {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *N.get_or_init(|| {
-        let ok = |n| (MMA2_MAX_TOKENS..=512).contains(&n);
+        let ok = |n| (128..=MMA2_MAX_TOKENS).contains(&n);
         env_number("KILN_CUDA_MMA2_ROWS", ok, MMA2_MAX_TOKENS).next_multiple_of(128)
     })
 }
@@ -200,9 +204,20 @@ pub(super) fn mma2_smem_bytes(rows: usize, tokens: usize, group: usize) -> usize
 
 /// Index into [`MMA_SHAPES`] for `n_tok` rows of an `n_rows` matrix: the
 /// smallest token tile that holds them, and for more than 64 rows the
-/// 128-row CTA when its tiles alone fill the GPU (`sms` SMs).
-fn mma_shape(n_tok: usize, n_rows: usize, sms: usize) -> usize {
-    shape_for(n_tok, n_rows, sms, wide_tiles())
+/// 128-row CTA when its tiles alone fill the GPU (`sms` SMs); with `split`
+/// (the split-x kernels take the product) the 128 x 128 CTA where its
+/// tiles fill the GPU once.
+fn mma_shape(n_tok: usize, n_rows: usize, sms: usize, split: bool) -> usize {
+    shape_for(n_tok, n_rows, sms, wide_tiles(), split && n128_tiles())
+}
+
+/// Whether more than 64 rows of the split-x GEMM may take 128-token tiles
+/// (`KILN_CUDA_MMA_N128=0` keeps them on 64: A/B timing). Each weight
+/// unit decoded serves twice the tokens: by the SASS (Q4_K, sm_90), 7.6
+/// instructions per MMA instead of 12.
+fn n128_tiles() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| !std::env::var("KILN_CUDA_MMA_N128").is_ok_and(|v| v.trim() == "0"))
 }
 
 /// `KILN_CUDA_MMA_WIDE=1`: products of 33-64 rows take the 128-row CTA
@@ -214,12 +229,13 @@ fn wide_tiles() -> bool {
     *ON.get_or_init(|| std::env::var("KILN_CUDA_MMA_WIDE").is_ok_and(|v| v.trim() == "1"))
 }
 
-fn shape_for(n_tok: usize, n_rows: usize, sms: usize, wide: bool) -> usize {
+fn shape_for(n_tok: usize, n_rows: usize, sms: usize, wide: bool, n128: bool) -> usize {
     match n_tok {
         0..=16 => 0,
         17..=32 => 1,
         33..=64 if wide => 3,
         33..=64 => 2,
+        _ if n128 && n_rows.div_ceil(128) * n_tok.div_ceil(128) >= sms => 4,
         _ if n_rows.div_ceil(128) * n_tok.div_ceil(64) >= 2 * sms => 3,
         _ => 2,
     }
@@ -275,7 +291,7 @@ impl Matmul {
         if !self.mma2_fits(w, n_tok) {
             return Ok(false);
         }
-        let shape = mma_shape(n_tok, n_rows, self.sms);
+        let shape = mma_shape(n_tok, n_rows, self.sms, true);
         let (_, tile_rows, tokens, _) = MMA_SHAPES[shape];
         let group = mma_group(w.ty);
         let smem_bytes = mma2_smem_bytes(tile_rows, tokens, group);
@@ -338,7 +354,7 @@ impl Matmul {
         // Reads n_tok * cols of x (checked by the caller); writes 3 * rows *
         // kp / 2 + rows * kp / group <= mma2_words(mma2_max_tokens()) words
         // (rows: n_tok <= mma2_max_tokens(), a multiple of 128, rounded up
-        // to a token tile of at most 64, which divides it; kp
+        // to a token tile of at most 128, which divides it; kp
         // <= MMA2_MAX_K, a multiple of 64). The kernels find the sums
         // after the planes.
         let (xp, _guard) = x.device_ptr(&gpu.stream);
@@ -365,7 +381,7 @@ impl Matmul {
         if self.mma2_gemm(gpu, k, w, (row0, n_rows), x, n_tok, out)? {
             return Ok(());
         }
-        let shape = mma_shape(n_tok, n_rows, self.sms);
+        let shape = mma_shape(n_tok, n_rows, self.sms, false);
         let (_, rows, tokens, threads) = MMA_SHAPES[shape];
         let smem_bytes = mma_smem_bytes(rows, tokens);
         let f = &k.mma[shape];
@@ -397,9 +413,9 @@ impl Matmul {
         ids: &mut CudaSlice<u32>,
         slot0: usize,
     ) -> Result<()> {
-        let shape = mma_shape(n, w.rows, self.sms);
-        let (name, rows, tokens, threads) = MMA_SHAPES[shape];
         let split = self.mma2_fits(w, n);
+        let shape = mma_shape(n, w.rows, self.sms, split);
+        let (name, rows, tokens, threads) = MMA_SHAPES[shape];
         let (f, smem_bytes) = match split {
             true => (
                 &k.mma2_argmax[half_planes(mma_mode(), tokens)][shape],
@@ -460,11 +476,11 @@ mod tests {
             4 * (2 * 64 * 40 + 2 * 64 * 110)
         );
         // The largest CTA fits an H200 SM's 227 KiB (with 16-column groups).
-        assert!(mma2_smem_bytes(128, 64, 16) <= 227 << 10);
-        // 128 rows of 16,384 values: planes and 16-column sums.
+        assert!(mma2_smem_bytes(128, 128, 16) <= 227 << 10);
+        // 512 rows of 16,384 values: planes and 16-column sums.
         assert_eq!(
             mma2_words(MMA2_MAX_TOKENS),
-            3 * 128 * 16_384 / 2 + 128 * 16_384 / 16
+            3 * 512 * 16_384 / 2 + 512 * 16_384 / 16
         );
         assert_eq!(mma_group(GgmlType::Q4K), 32);
         assert_eq!(mma_group(GgmlType::Q6K), 16);
@@ -490,15 +506,18 @@ mod tests {
 
     #[test]
     fn shapes_hold_the_rows_and_fill_the_gpu() {
-        assert_eq!(shape_for(16, 1152, 132, false), 0);
-        assert_eq!(shape_for(17, 1152, 132, false), 1);
-        assert_eq!(shape_for(64, 1152, 132, false), 2);
+        assert_eq!(shape_for(16, 1152, 132, false, true), 0);
+        assert_eq!(shape_for(17, 1152, 132, false, true), 1);
+        assert_eq!(shape_for(64, 1152, 132, false, true), 2);
         // KILN_CUDA_MMA_WIDE=1: 33-64 rows on the 128-row CTA.
-        assert_eq!(shape_for(64, 20_480, 132, true), 3);
-        assert_eq!(shape_for(32, 20_480, 132, true), 1);
-        // 512 prefill rows of a 6912-row FFN: 54 x 8 tiles of 128 rows.
-        assert_eq!(shape_for(512, 6912, 132, false), 3);
-        // Of a 640-row one: 5 x 8 tiles are too few, 64-row CTAs.
-        assert_eq!(shape_for(512, 640, 132, false), 2);
+        assert_eq!(shape_for(64, 20_480, 132, true, true), 3);
+        assert_eq!(shape_for(32, 20_480, 132, true, true), 1);
+        // 512 prefill rows of a 6912-row FFN: 54 x 4 tiles of 128 x 128
+        // on the split-x kernels, 54 x 8 of 128 x 64 on mma_gemm.
+        assert_eq!(shape_for(512, 6912, 132, false, true), 4);
+        assert_eq!(shape_for(512, 6912, 132, false, false), 3);
+        // 128 rows of a 640-row one: 5 x 1 tiles are too few, 64-row CTAs.
+        assert_eq!(shape_for(128, 640, 132, false, true), 2);
+        assert_eq!(shape_for(512, 640, 132, false, false), 2);
     }
 }
