@@ -163,13 +163,15 @@ const fn mma2_words(tokens: usize) -> usize {
     tokens * MMA2_MAX_K * 3 / 2 + tokens * MMA2_MAX_K / 16
 }
 
-/// `KILN_CUDA_MMA2_ROWS=N` (128 to 512, default 512): products of up to
-/// N rows take the split-x GEMM, the workspace sized for them (N x 104
-/// KiB); `128` sends prefill chunks back to `mma_gemm` (A/B timing).
+/// `KILN_CUDA_MMA2_ROWS=N` (128 to 1,024, default 512): products of up
+/// to N rows take the split-x GEMM, the workspace sized for them (N x 104
+/// KiB); `128` sends prefill chunks back to `mma_gemm`, `1024` takes the
+/// steps of a server with `--step-tokens` above 512 minus its decode rows
+/// (A/B timing).
 fn mma2_max_tokens() -> usize {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *N.get_or_init(|| {
-        let ok = |n| (128..=MMA2_MAX_TOKENS).contains(&n);
+        let ok = |n| (128..=1024).contains(&n);
         env_number("KILN_CUDA_MMA2_ROWS", ok, MMA2_MAX_TOKENS).next_multiple_of(128)
     })
 }
