@@ -162,6 +162,11 @@ pub(crate) struct Matmul {
     sms: usize,
     /// Shared memory of one SM in bytes (how many streaming CTAs fit).
     smem_per_sm: usize,
+    /// Most shared memory one CTA may opt in to: the largest tensor-core
+    /// CTAs (160 KiB) fit an H100 / H200 (227 KiB), not GPUs of compute
+    /// capability 8.6 / 8.9 (99 KiB), where smaller shapes take their
+    /// products ([`Matmul::mma_shape`]).
+    smem_per_cta: usize,
     /// The GPU has TF32 tensor cores (compute capability 8.0 or newer).
     tensor_cores: bool,
     /// Dequantized weight rows for SGEMM; allocated on the first prefill
@@ -220,6 +225,7 @@ impl Matmul {
     pub(crate) fn new(gpu: &Gpu) -> Result<Self> {
         use cudarc::driver::sys::CUdevice_attribute::{
             CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR as MAJOR,
+            CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN as SMEM_CTA,
             CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR as SMEM,
             CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT as SMS,
         };
@@ -231,6 +237,7 @@ impl Matmul {
             Ok::<usize, ModelError>(usize::try_from(v).unwrap_or(1).max(1))
         };
         let (sms, smem_per_sm) = (attr(SMS, "SM count")?, attr(SMEM, "shared memory per SM")?);
+        let smem_per_cta = attr(SMEM_CTA, "shared memory per block")?;
         let tensor_cores = attr(MAJOR, "compute capability")? >= 8;
         Ok(Matmul {
             kernels: Mutex::default(),
@@ -239,6 +246,7 @@ impl Matmul {
             head_cells: gpu.alloc::<u64>(HEAD_CELLS, "argmax head cells")?,
             sms,
             smem_per_sm,
+            smem_per_cta,
             tensor_cores,
             workspace: Mutex::new(None),
             mma2_x: Mutex::new(None),
@@ -499,14 +507,15 @@ impl Matmul {
                 .map(|&(shape, rows, tokens, _)| {
                     let name = format!("{op}_{suffix}_{shape}");
                     let f = gpu.function(src, &name)?;
-                    if self.tensor_cores {
-                        let bytes = match op {
-                            "mma2_gemm" | "mma2_argmax" | "mma2h_gemm" | "mma2h_argmax" => {
-                                mma2_smem_bytes(rows, tokens, mma_group(w.ty))
-                            }
-                            _ => mma_smem_bytes(rows, tokens),
-                        } as i32;
-                        f.set_attribute(MAX_DYNAMIC_SMEM, bytes)
+                    let bytes = match op {
+                        "mma2_gemm" | "mma2_argmax" | "mma2h_gemm" | "mma2h_argmax" => {
+                            mma2_smem_bytes(rows, tokens, mma_group(w.ty))
+                        }
+                        _ => mma_smem_bytes(rows, tokens),
+                    };
+                    // A shape over the GPU's limit is never launched.
+                    if self.tensor_cores && bytes <= self.smem_per_cta {
+                        f.set_attribute(MAX_DYNAMIC_SMEM, bytes as i32)
                             .map_err(|e| cuda_err(&format!("shared memory of {name}"), e))?;
                     }
                     Ok(f)

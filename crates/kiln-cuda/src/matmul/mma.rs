@@ -204,13 +204,31 @@ pub(super) fn mma2_smem_bytes(rows: usize, tokens: usize, group: usize) -> usize
     4 * (2 * (rows * (36 + 2 * groups)) + 2 * (tokens * (3 * 36 + groups)))
 }
 
-/// Index into [`MMA_SHAPES`] for `n_tok` rows of an `n_rows` matrix: the
-/// smallest token tile that holds them, and for more than 64 rows the
-/// 128-row CTA when its tiles alone fill the GPU (`sms` SMs); with `split`
-/// (the split-x kernels take the product) the 128 x 128 CTA where its
-/// tiles fill the GPU once.
-fn mma_shape(n_tok: usize, n_rows: usize, sms: usize, split: bool) -> usize {
-    shape_for(n_tok, n_rows, sms, wide_tiles(), split && n128_tiles())
+impl Matmul {
+    /// Index into [`MMA_SHAPES`] for `n_tok` rows of an `n_rows` matrix of
+    /// `ty`: the smallest token tile that holds them, and for more than 64
+    /// rows the 128-row CTA when its tiles alone fill the GPU; with `split`
+    /// (the split-x kernels take the product) the 128 x 128 CTA where its
+    /// tiles fill the GPU once. A shape whose shared memory is over the
+    /// GPU's per-CTA limit gives way to the next smaller one (the 64 x 64
+    /// CTAs, at most 80 KiB, fit every GPU of compute capability 8.0+).
+    fn mma_shape(&self, n_tok: usize, n_rows: usize, ty: GgmlType, split: bool) -> usize {
+        let wanted = shape_for(n_tok, n_rows, self.sms, wide_tiles(), split && n128_tiles());
+        let smem = |shape: usize| {
+            let (_, rows, tokens, _) = MMA_SHAPES[shape];
+            match split {
+                true => mma2_smem_bytes(rows, tokens, mma_group(ty)),
+                false => mma_smem_bytes(rows, tokens),
+            }
+        };
+        fitting_shape(wanted, |shape| smem(shape) <= self.smem_per_cta)
+    }
+}
+
+/// `wanted`, or the largest smaller shape that `fits` (128 x 128 -> 128 x
+/// 64 -> 64 x 64 -> ...; shape 0 when none does).
+fn fitting_shape(wanted: usize, fits: impl Fn(usize) -> bool) -> usize {
+    (0..=wanted).rev().find(|&s| fits(s)).unwrap_or(0)
 }
 
 /// Whether more than 64 rows of the split-x GEMM may take 128-token tiles
@@ -293,7 +311,7 @@ impl Matmul {
         if !self.mma2_fits(w, n_tok) {
             return Ok(false);
         }
-        let shape = mma_shape(n_tok, n_rows, self.sms, true);
+        let shape = self.mma_shape(n_tok, n_rows, w.ty, true);
         let (_, tile_rows, tokens, _) = MMA_SHAPES[shape];
         let group = mma_group(w.ty);
         let smem_bytes = mma2_smem_bytes(tile_rows, tokens, group);
@@ -383,7 +401,7 @@ impl Matmul {
         if self.mma2_gemm(gpu, k, w, (row0, n_rows), x, n_tok, out)? {
             return Ok(());
         }
-        let shape = mma_shape(n_tok, n_rows, self.sms, false);
+        let shape = self.mma_shape(n_tok, n_rows, w.ty, false);
         let (_, rows, tokens, threads) = MMA_SHAPES[shape];
         let smem_bytes = mma_smem_bytes(rows, tokens);
         let f = &k.mma[shape];
@@ -416,7 +434,7 @@ impl Matmul {
         slot0: usize,
     ) -> Result<()> {
         let split = self.mma2_fits(w, n);
-        let shape = mma_shape(n, w.rows, self.sms, split);
+        let shape = self.mma_shape(n, w.rows, w.ty, split);
         let (name, rows, tokens, threads) = MMA_SHAPES[shape];
         let (f, smem_bytes) = match split {
             true => (
@@ -486,6 +504,22 @@ mod tests {
         );
         assert_eq!(mma_group(GgmlType::Q4K), 32);
         assert_eq!(mma_group(GgmlType::Q6K), 16);
+    }
+
+    #[test]
+    fn shapes_over_the_shared_memory_limit_give_way() {
+        // A 99 KiB GPU (compute capability 8.6 / 8.9): Q6_K's split-x
+        // 128 x 128 (156 KiB) and 128 x 64 (100 KiB) CTAs do not fit, its
+        // 64 x 64 one (78 KiB) does.
+        let fits = |s: usize| {
+            let (_, rows, tokens, _) = MMA_SHAPES[s];
+            mma2_smem_bytes(rows, tokens, 16) <= 99 << 10
+        };
+        assert_eq!(fitting_shape(4, fits), 2);
+        assert_eq!(fitting_shape(3, fits), 2);
+        assert_eq!(fitting_shape(1, fits), 1);
+        assert_eq!(fitting_shape(4, |_| true), 4);
+        assert_eq!(fitting_shape(4, |_| false), 0);
     }
 
     #[test]
