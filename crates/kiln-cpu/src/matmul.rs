@@ -330,8 +330,7 @@ pub(crate) fn argmax(par: &Par, isa: Isa, w: &CpuWeight, h: &[f32]) -> Result<Ro
 /// [`argmax`], so the pick is identical. `None` when the screen does not
 /// apply (type, non-finite `h` or bounds): the caller runs [`argmax`].
 ///
-/// Where the coarse screen has its VBMI form (AVX-512 VNNI + VBMI) the
-/// pass reads the head's coarse split (`kiln_kernels::CoarseRows`: 26
+/// Where the coarse screen has a SIMD form (VBMI, or AVX2) the pass reads the head's coarse split (`kiln_kernels::CoarseRows`: 26
 /// bytes per block of 32 instead of 34, made on the first call, after
 /// which the file's rows are handed back to the OS) and re-scores
 /// candidates from its exact rebuild of their rows. Its bounds are looser

@@ -29,8 +29,8 @@
 //! The SIMD screens (`crate::x86::coarse`) run from AVX2 up, the two
 //! forms bit for bit alike: with AVX-512 VBMI (Zen 4, Ice Lake and later)
 //! one, elsewhere (AVX2, FMA, F16C) the other. The portable screen is
-//! only their spec. The backend takes the coarse screen by default only
-//! with VBMI ([`coarse_screen_runs`]).
+//! only their spec. The backend takes the coarse screen by default
+//! wherever one of them runs ([`coarse_screen_runs`]).
 
 use kiln_quant::GgmlType;
 
@@ -270,17 +270,18 @@ pub(crate) fn screen_coarse(sx: &ScreenX, c: &CoarseRows, r0: usize, hi: &mut [f
 }
 
 /// Whether the backend should take [`screen_coarse_rows`] over the Q8_0
-/// screen at `isa` (clamped to this CPU): where its VBMI form runs
-/// (AVX-512 VNNI with VBMI). Its AVX2 form is faster as a kernel (Zen 4,
-/// one thread: 24.1 against 26.9 us for 1,024 rows in cache, 7.4 against
-/// 8.7 ms for the 270M's head) but not in decode at 2 threads, where the
-/// Q8_0 screen is near the memory's pace and the coarse one is not (the
-/// 270M with `--isa avx2`, 13 alternating pairs: a tie, see
-/// `bench/RESULTS.md`); `KILN_HEAD_SCREEN=coarse` still takes it.
+/// screen at `isa` (clamped to this CPU): wherever a SIMD form runs (VBMI,
+/// or AVX2). The AVX2 form is faster as a kernel (Zen 4, one thread: 24.1
+/// against 26.9 us for 1,024 rows in cache, 7.4 against 8.7 ms for the
+/// 270M's head); in decode at 2 threads it ties the Q8_0 screen on the
+/// Zen 4 VM (13 alternating pairs) and wins where memory is slower (a
+/// Sapphire Rapids VM reading 22 GB/s: 270M `--isa avx2` tg128 58.5-62.8
+/// -> 69.5-73.5 tok/s in three alternating pairs, its head reading 24%
+/// fewer bytes; `bench/RESULTS.md`). `KILN_HEAD_SCREEN=q8_0` keeps the
+/// Q8_0 screen.
 pub fn coarse_screen_runs(isa: Isa) -> bool {
     #[cfg(target_arch = "x86_64")]
-    return crate::x86::coarse_form(isa.min(Isa::cpu_max()), 2)
-        == Some(crate::x86::CoarseForm::Vbmi);
+    return crate::x86::coarse_form(isa.min(Isa::cpu_max()), 2).is_some();
     #[cfg(not(target_arch = "x86_64"))]
     {
         let _ = isa;
