@@ -330,8 +330,9 @@ pub(crate) fn argmax(par: &Par, isa: Isa, w: &CpuWeight, h: &[f32]) -> Result<Ro
 /// [`argmax`], so the pick is identical. `None` when the screen does not
 /// apply (type, non-finite `h` or bounds): the caller runs [`argmax`].
 ///
-/// Where the coarse screen has a SIMD form (VBMI, or AVX2) the pass reads the head's coarse split (`kiln_kernels::CoarseRows`: 26
-/// bytes per block of 32 instead of 34, made on the first call, after
+/// Where the coarse screen has a SIMD form (VBMI, or AVX2) the pass
+/// reads the head's coarse split (`kiln_kernels::CoarseRows`: 26 bytes
+/// per block of 32 instead of 34, made on the first call, after
 /// which the file's rows are handed back to the OS) and re-scores
 /// candidates from its exact rebuild of their rows. Its bounds are looser
 /// (~150 candidates of 262,144 on the real 270M against ~10); on Zen 4,

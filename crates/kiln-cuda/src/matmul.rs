@@ -31,10 +31,7 @@ use kiln_quant::GgmlType;
 use crate::gpu::{cuda_err, Gpu, Source};
 use crate::ops::launch;
 use crate::weight::CudaWeight;
-use mma::{
-    codes_fit_bf16, mma2_smem_bytes, mma_group, mma_head_enabled, mma_mode, mma_smem_bytes,
-    mma_wanted, MMA_SHAPES,
-};
+use mma::{codes_fit_bf16, cta_smem_bytes, mma_head_enabled, mma_mode, mma_wanted, MMA_SHAPES};
 use skinny::{GEMM_MAX_TOKENS, GEMM_TOKENS, SPLIT_FLOATS};
 use stream::{stream_enabled, HEAD_CELLS, STREAM_HEAD_TOKENS, STREAM_R};
 
@@ -163,7 +160,7 @@ pub(crate) struct Matmul {
     /// Shared memory of one SM in bytes (how many streaming CTAs fit).
     smem_per_sm: usize,
     /// Most shared memory one CTA may opt in to: the largest tensor-core
-    /// CTAs (160 KiB) fit an H100 / H200 (227 KiB), not GPUs of compute
+    /// CTAs (156 KiB) fit an H100 / H200 (227 KiB), not GPUs of compute
     /// capability 8.6 / 8.9 (99 KiB), where smaller shapes take their
     /// products ([`Matmul::mma_shape`]).
     smem_per_cta: usize,
@@ -507,12 +504,8 @@ impl Matmul {
                 .map(|&(shape, rows, tokens, _)| {
                     let name = format!("{op}_{suffix}_{shape}");
                     let f = gpu.function(src, &name)?;
-                    let bytes = match op {
-                        "mma2_gemm" | "mma2_argmax" | "mma2h_gemm" | "mma2h_argmax" => {
-                            mma2_smem_bytes(rows, tokens, mma_group(w.ty))
-                        }
-                        _ => mma_smem_bytes(rows, tokens),
-                    };
+                    let split = op.starts_with("mma2");
+                    let bytes = cta_smem_bytes(split, rows, tokens, w.ty);
                     // A shape over the GPU's limit is never launched.
                     if self.tensor_cores && bytes <= self.smem_per_cta {
                         f.set_attribute(MAX_DYNAMIC_SMEM, bytes as i32)

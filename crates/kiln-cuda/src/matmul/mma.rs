@@ -8,8 +8,9 @@
 //! ([`MMA_MIN_TOKENS`]); products of up to 512 rows go to `mma2_gemm`
 //! (mma2.cu: x split once per product, ~30% fewer instructions per k step
 //! by the SASS; with the head below, batched decode 18-30% faster on an
-//! H100, and prefill 12-31%). `KILN_CUDA_MMA=1` keeps every product on `mma_gemm` and
-//! `KILN_CUDA_MMA=0` sends none (A/B timing, and the f32 kernels' tests).
+//! H100, and prefill 12-31%). `KILN_CUDA_MMA=1` keeps every product on
+//! `mma_gemm` and `KILN_CUDA_MMA=0` sends none (A/B timing, and the f32
+//! kernels' tests).
 
 use cudarc::driver::{CudaFunction, CudaSlice, CudaView, DevicePtr, LaunchConfig};
 use kiln_model::Result;
@@ -35,7 +36,7 @@ const MMA_K_UNITS: usize = 8;
 /// Shared memory of a CTA (`MmaShape` in mma.cu), in 4-byte words: per
 /// weight row `MMA_STRIDE` (36) words of codes and a (d, m) pair for each
 /// of the 4 chunks; per token 3 planes of 36 words and 4 chunk sums.
-pub(super) fn mma_smem_bytes(rows: usize, tokens: usize) -> usize {
+fn mma_smem_bytes(rows: usize, tokens: usize) -> usize {
     4 * (rows * (36 + 4 * 2) + tokens * (3 * 36 + 4))
 }
 
@@ -151,7 +152,7 @@ pub(super) fn mma_wanted(mode: MmaMode, n_tok: usize) -> bool {
 /// Most token rows `mma2_gemm` takes by default (batched decode and
 /// prefill chunks of up to 512 rows), and the longest rows (k) its
 /// workspace holds: 3 bfloat16 planes and the group sums of 512 x 16,384
-/// values (52 MiB, allocated on first use, before any capture: a graph
+/// values (50 MiB, allocated on first use, before any capture: a graph
 /// keeps its address). H100, 2026-12-05 (bench/RESULTS.md), pp512 against
 /// 128 rows (prefill on `mma_gemm`): 270M 62.5k -> 70k tok/s, 1B 21.1k ->
 /// 23.4k, 4B 5.5k -> 7.2k.
@@ -164,7 +165,7 @@ const fn mma2_words(tokens: usize) -> usize {
 }
 
 /// `KILN_CUDA_MMA2_ROWS=N` (128 to 1,024, default 512): products of up
-/// to N rows take the split-x GEMM, the workspace sized for them (N x 104
+/// to N rows take the split-x GEMM, the workspace sized for them (N x 100
 /// KiB); `128` sends prefill chunks back to `mma_gemm`, `1024` takes the
 /// steps of a server with `--step-tokens` above 512 minus its decode rows
 /// (A/B timing).
@@ -187,8 +188,17 @@ pub(super) fn half_planes(mode: MmaMode, tokens: usize) -> usize {
     }
 }
 
+/// Shared memory of a `rows` x `tokens` CTA of the split-x kernels
+/// (`split`) or of `mma_gemm`, for weights of `ty`.
+pub(super) fn cta_smem_bytes(split: bool, rows: usize, tokens: usize, ty: GgmlType) -> usize {
+    match split {
+        true => mma2_smem_bytes(rows, tokens, mma_group(ty)),
+        false => mma_smem_bytes(rows, tokens),
+    }
+}
+
 /// Columns under one (d, m) as mma2.cu groups them (`MmaGroup`).
-pub(super) fn mma_group(ty: GgmlType) -> usize {
+fn mma_group(ty: GgmlType) -> usize {
     use GgmlType::*;
     match ty {
         Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q4K | Q5K => 32,
@@ -199,7 +209,7 @@ pub(super) fn mma_group(ty: GgmlType) -> usize {
 /// Shared memory of an `mma2_gemm` CTA (`Mma2Shape` in mma2.cu): two
 /// weight buffers (codes, and (d, m) per row and group) and two x buffers
 /// (3 planes, and a sum per token and group), in 4-byte words.
-pub(super) fn mma2_smem_bytes(rows: usize, tokens: usize, group: usize) -> usize {
+fn mma2_smem_bytes(rows: usize, tokens: usize, group: usize) -> usize {
     let groups = 64 / group;
     4 * (2 * (rows * (36 + 2 * groups)) + 2 * (tokens * (3 * 36 + groups)))
 }
@@ -214,14 +224,10 @@ impl Matmul {
     /// CTAs, at most 80 KiB, fit every GPU of compute capability 8.0+).
     fn mma_shape(&self, n_tok: usize, n_rows: usize, ty: GgmlType, split: bool) -> usize {
         let wanted = shape_for(n_tok, n_rows, self.sms, wide_tiles(), split && n128_tiles());
-        let smem = |shape: usize| {
+        fitting_shape(wanted, |shape| {
             let (_, rows, tokens, _) = MMA_SHAPES[shape];
-            match split {
-                true => mma2_smem_bytes(rows, tokens, mma_group(ty)),
-                false => mma_smem_bytes(rows, tokens),
-            }
-        };
-        fitting_shape(wanted, |shape| smem(shape) <= self.smem_per_cta)
+            cta_smem_bytes(split, rows, tokens, ty) <= self.smem_per_cta
+        })
     }
 }
 
@@ -313,8 +319,7 @@ impl Matmul {
         }
         let shape = self.mma_shape(n_tok, n_rows, w.ty, true);
         let (_, tile_rows, tokens, _) = MMA_SHAPES[shape];
-        let group = mma_group(w.ty);
-        let smem_bytes = mma2_smem_bytes(tile_rows, tokens, group);
+        let smem_bytes = cta_smem_bytes(true, tile_rows, tokens, w.ty);
         let planes = half_planes(mma_mode(), tokens);
         let f = &k.mma2[planes][shape];
         let mut guard = self.mma2_x.lock().unwrap_or_else(|e| e.into_inner());
@@ -403,7 +408,7 @@ impl Matmul {
         }
         let shape = self.mma_shape(n_tok, n_rows, w.ty, false);
         let (_, rows, tokens, threads) = MMA_SHAPES[shape];
-        let smem_bytes = mma_smem_bytes(rows, tokens);
+        let smem_bytes = cta_smem_bytes(false, rows, tokens, w.ty);
         let f = &k.mma[shape];
         let plan = mma_plan(
             f,
@@ -436,13 +441,11 @@ impl Matmul {
         let split = self.mma2_fits(w, n);
         let shape = self.mma_shape(n, w.rows, w.ty, split);
         let (name, rows, tokens, threads) = MMA_SHAPES[shape];
-        let (f, smem_bytes) = match split {
-            true => (
-                &k.mma2_argmax[half_planes(mma_mode(), tokens)][shape],
-                mma2_smem_bytes(rows, tokens, mma_group(w.ty)),
-            ),
-            false => (&k.mma_argmax[shape], mma_smem_bytes(rows, tokens)),
+        let f = match split {
+            true => &k.mma2_argmax[half_planes(mma_mode(), tokens)][shape],
+            false => &k.mma_argmax[shape],
         };
+        let smem_bytes = cta_smem_bytes(split, rows, tokens, w.ty);
         let want = resident(f, name, threads, smem_bytes)? * self.sms;
         let ctas = self.head_ctas(w, n, want.min(w.rows.div_ceil(rows)))?;
         let cfg = LaunchConfig {
@@ -513,7 +516,7 @@ mod tests {
         // 64 x 64 one (78 KiB) does.
         let fits = |s: usize| {
             let (_, rows, tokens, _) = MMA_SHAPES[s];
-            mma2_smem_bytes(rows, tokens, 16) <= 99 << 10
+            cta_smem_bytes(true, rows, tokens, GgmlType::Q6K) <= 99 << 10
         };
         assert_eq!(fitting_shape(4, fits), 2);
         assert_eq!(fitting_shape(3, fits), 2);
