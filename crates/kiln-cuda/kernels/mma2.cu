@@ -49,6 +49,12 @@ struct Bf16Planes {
     static __device__ __forceinline__ void mma(float (&c)[4], const u32 (&a)[4], const u32 (&b)[2]) {
         mma_bf16(c, a, b);
     }
+    // A unit's eight codes (bytes, minus `bias`) as four pairs.
+    static __device__ __forceinline__ uint4 codes(uint2 raw, float bias) {
+        float q[8];
+        code_floats(raw, bias, q);
+        return make_uint4(pack(q[0], q[1]), pack(q[2], q[3]), pack(q[4], q[5]), pack(q[6], q[7]));
+    }
 };
 
 struct HalfPlanes {
@@ -69,6 +75,19 @@ struct HalfPlanes {
 #if __CUDA_ARCH__ >= 800
         KILN_MMA_16816("f16");
 #endif
+    }
+    // A unit's eight codes (bytes, minus `bias`) as four pairs: PRMT puts
+    // each byte b in the low mantissa of half 1024 (0x6400: ulp 1 up to
+    // 2048, so the half is 1024 + b exactly), one half2 subtraction of 1024
+    // + bias leaves b - bias, exact (an integer of at most 8 bits): two
+    // instructions a pair, where floats and a conversion took five.
+    static __device__ __forceinline__ uint4 codes(uint2 raw, float bias) {
+        const u32 off = (0x6400u | (u32)bias) * 0x10001u;
+        u32 w[4] = {__byte_perm(raw.x, 0x64646464u, 0x4140), __byte_perm(raw.x, 0x64646464u, 0x4342),
+                    __byte_perm(raw.y, 0x64646464u, 0x4140), __byte_perm(raw.y, 0x64646464u, 0x4342)};
+#pragma unroll
+        for (int i = 0; i < 4; i++) asm("sub.f16x2 %0, %0, %1;" : "+r"(w[i]) : "r"(off));
+        return make_uint4(w[0], w[1], w[2], w[3]);
     }
 };
 
@@ -196,12 +215,24 @@ struct Mma2Shape {
     static_assert(X_BUF <= MMA_PLANES * S::TOKENS * MMA_STRIDE + S::TOKENS * GROUPS, "within mma2_smem_bytes");
 };
 
+// The shared-memory address of a generic pointer into shared memory.
+__device__ __forceinline__ u32 smem_addr(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+
+// cp.async of 16 bytes to a shared-memory address (smem_addr).
+__device__ __forceinline__ void cp_async16_shared(u32 dst, const void* src) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+#endif
+}
+
 // Copies GROUPS floats per token of the tile's tokens (16 bytes for 4
 // groups, 8 for 2: the group sums of x) from `src` (rows of kp / G
 // floats) to `dst` (GROUPS a token), by cp.async.
 template <class T, class S, int GROUPS>
 __device__ __forceinline__ void mma2_copy_groups(const float* src, int kp, int tok0, int u0, float* dst) {
-    for (int t = threadIdx.x; t < S::TOKENS; t += S::THREADS) {
+    static_assert(S::TOKENS <= S::THREADS, "a token a thread");
+    const int t = threadIdx.x;
+    if (t < S::TOKENS) {
         const float* from = src + (size_t)(tok0 + t) * (kp / MmaGroup<T>::COLS) + u0 * 8 / MmaGroup<T>::COLS;
         u64 s, g = (u64)from;
         asm("cvta.to.shared.u64 %0, %1;" : "=l"(s) : "l"(dst + t * GROUPS));
@@ -225,59 +256,100 @@ __device__ __forceinline__ void mma2_copy_x(const u32* planes, const float* sums
     const int r0 = threadIdx.x >> 3, piece = threadIdx.x & 7;
     const size_t row_words = kp >> 1;
     const u32* src = planes + (tok0 + r0) * row_words + 4 * u0 + 4 * piece;
-    u32* dst = xb + r0 * MMA_STRIDE + 4 * piece;
+    // Shared addresses as 32-bit values: constant offsets fold into them.
+    const u32 dst = smem_addr(xb + r0 * MMA_STRIDE + 4 * piece);
 #pragma unroll
     for (int j = 0; j < P::PLANES * JT; j++)
-        cp_async16((u8*)(dst + RP * j * MMA_STRIDE),
-                   (const u8*)(src + (size_t)(j / JT) * rows * row_words + (size_t)(RP * (j % JT)) * row_words));
+        cp_async16_shared(dst + 4 * RP * j * MMA_STRIDE,
+                          src + (size_t)(j / JT) * rows * row_words + (size_t)(RP * (j % JT)) * row_words);
     mma2_copy_groups<T, S, S2::GROUPS>(sums, kp, tok0, u0, (float*)(xb + S2::X_SUMS));
     cp_async_commit();
 }
 
-// This thread's weight rows of a tile (one per pass; a row past n_rows
-// reads the last one: its outputs are never stored).
-template <class S>
-struct Mma2Rows {
-    const u8* row[S::W_PASSES];
-    __device__ __forceinline__ Mma2Rows(const u8* w, u64 row_bytes, int n_rows) {
-#pragma unroll
-        for (int p = 0; p < S::W_PASSES; p++)
-            row[p] = w + (u64)min((int)(threadIdx.x + p * S::THREADS) / MMA_K_UNITS, n_rows - 1) * row_bytes;
-    }
-};
-
-// The next k step's weights as held in registers between steps: each
-// unit's codes already as the planes' 16-bit pairs (exact; four words
-// instead of eight floats) and its affine.
-template <class S>
-struct Mma2Stage {
-    uint4 q[S::W_PASSES];
-    Affine a[S::W_PASSES];
-};
-
-// Loads k step u0's weight units into registers (mma_load's weight half,
-// without selects: units past u_end read the last unit and meet zero x,
-// so a finite code adds 0, and a chunk wholly past the end d * 0 + m * 0).
+// Weight staging: the next k step's units decoded into registers between
+// steps (codes as the planes' 16-bit pairs, exact; their affines) and
+// stored to shared memory at the top of the step. A row past n_rows
+// reads the last one (its outputs are never stored); units past u_end
+// read the last unit and meet zero x, so a finite code adds 0, and a
+// group wholly past the end d * 0 + m * 0. Two thread maps, each the
+// faster where it runs (H200, 2026-12-06, bench/RESULTS.md):
+//   half planes (64- and 128-token tiles: batched decode and prefill):
+//     thread i takes row i / 2 and units 4 (i % 2) .. +4, one group of 32
+//     columns or two of 16, so a group's scale is decoded once, not once
+//     per unit, the codes turn to half by PRMT + HSUB2, and the four
+//     units are one 64-byte run in shared memory (a third fewer
+//     instructions a k step; pp512 1B +2.4%, 4B +0.8%, 64 rows
+//     unchanged: that step waits on its loads, not on issue);
+//   bfloat16 planes (16- and 32-token tiles): eight consecutive threads
+//     take one row's eight units, W_PASSES rows apart (coalesced loads:
+//     the pair map lost 15-27% at 16 rows, where each of its load
+//     instructions touched 16 rows x 2 places).
 template <class T, class P, class S>
-__device__ __forceinline__ void mma2_load_w(const Mma2Rows<S>& rows, int u0, int u_end, Mma2Stage<S>& st) {
-    const int u = min(u0 + (int)(threadIdx.x % MMA_K_UNITS), u_end - 1);
-#pragma unroll
-    for (int p = 0; p < S::W_PASSES; p++) {
-        Unit un;
-        load_unit<T>(rows.row[p], u, un);
-        st.q[p] = make_uint4(P::pack(un.q[0], un.q[1]), P::pack(un.q[2], un.q[3]), P::pack(un.q[4], un.q[5]),
-                             P::pack(un.q[6], un.q[7]));
-        st.a[p] = un.a;
-    }
-}
+struct Mma2Weights {
+    static constexpr bool PAIRS = P::SCALED;
+    static_assert(!PAIRS || (S::THREADS == 2 * S::ROWS && S::W_PASSES == 4 && T::QK >= 32), "two threads a row");
+    static constexpr int G = MmaGroup<T>::COLS;
+    const u8* row[PAIRS ? 1 : S::W_PASSES];
+    uint4 q[S::W_PASSES];
+    Affine a[PAIRS ? 2 : S::W_PASSES];
 
-// Writes the staged step's weights into shared memory (mma_store_w's
-// layout): codes, and the (d, m) of each group of G columns.
-template <class S, int G>
-__device__ __forceinline__ void mma2_store_w(const Mma2Stage<S>& st, u32* ws, float2* wa) {
+    __device__ __forceinline__ Mma2Weights(const u8* w, u64 row_bytes, int n_rows) {
+        if constexpr (PAIRS) {
+            row[0] = w + (u64)min((int)(threadIdx.x >> 1), n_rows - 1) * row_bytes;
+        } else {
 #pragma unroll
-    for (int p = 0; p < S::W_PASSES; p++) mma_store_unit<S, G>(p, st.q[p], st.a[p], ws, wa);
-}
+            for (int p = 0; p < S::W_PASSES; p++)
+                row[p] = w + (u64)min((int)(threadIdx.x + p * S::THREADS) / MMA_K_UNITS, n_rows - 1) * row_bytes;
+        }
+    }
+
+    // Loads this thread's units of k step u0 into registers.
+    __device__ __forceinline__ void load(int u0, int u_end) {
+        if constexpr (PAIRS) {
+            // Blocks hold whole groups of four units and u_end is a
+            // multiple of four (k of QK), so the four units lie in one
+            // block; a group wholly past the end reads the last one.
+            const u32 u = min((u32)(u0 + 4 * (threadIdx.x & 1)), (u32)(u_end - 4));
+            const int j = u % (T::QK / 8);
+            const u8* b = row[0] + (size_t)(u / (T::QK / 8)) * T::BYTES;
+#pragma unroll
+            for (int p = 0; p < 4; p++) {
+                q[p] = P::codes(T::raw(b, j + p), T::BIAS);
+                if (p == 0 || (G == 16 && p == 2)) a[p >> 1] = T::affine(b, j + p);
+            }
+        } else {
+            const int u = min(u0 + (int)(threadIdx.x % MMA_K_UNITS), u_end - 1);
+#pragma unroll
+            for (int p = 0; p < S::W_PASSES; p++) {
+                Unit un;
+                load_unit<T>(row[p], u, un);
+                q[p] = make_uint4(P::pack(un.q[0], un.q[1]), P::pack(un.q[2], un.q[3]), P::pack(un.q[4], un.q[5]),
+                                  P::pack(un.q[6], un.q[7]));
+                a[p] = un.a;
+            }
+        }
+    }
+
+    // Writes the staged step into shared memory (mma_store_unit's layout):
+    // codes, and the (d, m) of each group of G columns.
+    __device__ __forceinline__ void store(u32* ws, float2* wa) const {
+        if constexpr (PAIRS) {
+            const int r = threadIdx.x >> 1, h = threadIdx.x & 1;
+            uint4* codes = (uint4*)(ws + r * MMA_STRIDE + 16 * h);
+#pragma unroll
+            for (int p = 0; p < 4; p++) codes[p] = q[p];
+            if constexpr (G == 32) {
+                wa[r * 2 + h] = make_float2(a[0].d, a[0].m);
+            } else {
+                wa[r * 4 + 2 * h] = make_float2(a[0].d, a[0].m);
+                wa[r * 4 + 2 * h + 1] = make_float2(a[1].d, a[1].m);
+            }
+        } else {
+#pragma unroll
+            for (int p = 0; p < S::W_PASSES; p++) mma_store_unit<S, G>(p, q[p], a[p], ws, wa);
+        }
+    }
+};
 
 // Four (or two) 8 x 8 bfloat16 matrices from shared memory into MMA
 // fragment registers: lane l gives the address of row l % 8 of matrix
@@ -292,8 +364,6 @@ __device__ __forceinline__ void ldsm_x4(u32 (&r)[4], u32 a) {
 __device__ __forceinline__ void ldsm_x2(u32 (&r)[2], u32 a) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(a));
 }
-// The shared-memory address of a generic pointer into shared memory.
-__device__ __forceinline__ u32 smem_addr(const void* p) { return (u32)__cvta_generic_to_shared(p); }
 
 // acc += this warp's block of a step: per group of columns under one
 // (d, m), the planes' products of its chunks into a fresh f32 tile
@@ -349,13 +419,12 @@ __device__ __forceinline__ void mma2_step(const u32* ws, const float2* wa, const
     }
 }
 
-// acc = this warp's block of a weight tile (its rows in `wrows`) times the
+// acc = this warp's block of a weight tile (its rows in `wt`) times the
 // split x tile of tokens tok0 .., over units u_begin .. u_end. The caller
-// has loaded the first step's weights into st (before waiting on the
+// has loaded the first step's weights into wt (before waiting on the
 // kernel that split x: weights are constants).
 template <class T, class P, int WM, int WN, int N8>
-__device__ __forceinline__ void mma2_tile(const Mma2Rows<MmaShape<WM, WN, N8>>& wrows,
-                                          Mma2Stage<MmaShape<WM, WN, N8>>& st, const u32* __restrict__ planes,
+__device__ __forceinline__ void mma2_tile(Mma2Weights<T, P, MmaShape<WM, WN, N8>>& wt, const u32* __restrict__ planes,
                                           const float* __restrict__ sums, int rows, int kp, int tok0, int u_begin,
                                           int u_end, float (&acc)[2][N8][4]) {
     using S = MmaShape<WM, WN, N8>;
@@ -373,13 +442,13 @@ __device__ __forceinline__ void mma2_tile(const Mma2Rows<MmaShape<WM, WN, N8>>& 
         u32* xs = xbuf + (i & 1) * S2::X_BUF;
         // Buffer i & 1 was last read in step i - 2, before every thread
         // passed the previous step's barrier.
-        mma2_store_w<S, MmaGroup<T>::COLS>(st, ws, (float2*)(ws + S::ROWS * MMA_STRIDE));
+        wt.store(ws, (float2*)(ws + S::ROWS * MMA_STRIDE));
         cp_async_wait<0>();
         __syncthreads();  // step i's tiles are in place; step i - 1's buffers are free
         if (u0 + MMA_K_UNITS < u_end) {
             mma2_copy_x<T, P, S, S2>(planes, sums, rows, kp, tok0, u0 + MMA_K_UNITS,
                                      xbuf + ((i + 1) & 1) * S2::X_BUF);
-            mma2_load_w<T, P, S>(wrows, u0 + MMA_K_UNITS, u_end, st);
+            wt.load(u0 + MMA_K_UNITS, u_end);
         }
         mma2_step<T, P, N8, GROUPS>(ws + 32 * wm * MMA_STRIDE,
                                     (const float2*)(ws + S::ROWS * MMA_STRIDE) + 32 * wm * GROUPS,
@@ -438,13 +507,12 @@ __device__ __forceinline__ void mma2_gemm(const u8* __restrict__ w, u64 row_byte
         const int u_begin = blockIdx.y * units_per_split, u_end = min(k >> 3, u_begin + units_per_split);
         const int w_rows = n_rows - tile;
         const Mma2X xl = Mma2X::at<S::TOKENS>(planes, n_tok, k);
-        const Mma2Rows<S> wrows(w + (u64)(row0 + tile) * row_bytes, row_bytes, w_rows);
-        Mma2Stage<S> st;
         using P = Mma2Planes<T, HALF>;
-        mma2_load_w<T, P, S>(wrows, u_begin, u_end, st);
+        Mma2Weights<T, P, S> wt(w + (u64)(row0 + tile) * row_bytes, row_bytes, w_rows);
+        wt.load(u_begin, u_end);
         KERNEL_PROLOGUE();
         float acc[2][N8][4];
-        mma2_tile<T, P, WM, WN, N8>(wrows, st, planes, xl.sums, xl.rows, xl.kp, tok0, u_begin, u_end, acc);
+        mma2_tile<T, P, WM, WN, N8>(wt, planes, xl.sums, xl.rows, xl.kp, tok0, u_begin, u_end, acc);
         const int warp = threadIdx.x >> 5;
         if constexpr (P::SCALED) mma2_unscale(acc, xl.scales + tok0, warp / WM);
         mma_write(acc, out + (size_t)blockIdx.y * n_tok * n_rows, n_rows, tile, w_rows, tok0,
@@ -469,12 +537,11 @@ __device__ __forceinline__ void mma2_argmax(const u8* __restrict__ w, u64 row_by
         KERNEL_PROLOGUE();
         const int warp = threadIdx.x >> 5;
         for (int tile = blockIdx.x * S::ROWS; tile < n_rows; tile += gridDim.x * S::ROWS) {
-            const Mma2Rows<S> wrows(w + (u64)tile * row_bytes, row_bytes, n_rows - tile);
-            Mma2Stage<S> st;
             using P = Mma2Planes<T, HALF>;
-            mma2_load_w<T, P, S>(wrows, 0, k >> 3, st);
+            Mma2Weights<T, P, S> wt(w + (u64)tile * row_bytes, row_bytes, n_rows - tile);
+            wt.load(0, k >> 3);
             float acc[2][N8][4];
-            mma2_tile<T, P, WM, WN, N8>(wrows, st, planes, xl.sums, xl.rows, xl.kp, tok0, 0, k >> 3, acc);
+            mma2_tile<T, P, WM, WN, N8>(wt, planes, xl.sums, xl.rows, xl.kp, tok0, 0, k >> 3, acc);
             mma_fold_best(acc, tile, n_rows, nt, warp % WM, warp / WM, best);
         }
         __syncthreads();
