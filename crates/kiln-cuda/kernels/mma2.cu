@@ -49,12 +49,6 @@ struct Bf16Planes {
     static __device__ __forceinline__ void mma(float (&c)[4], const u32 (&a)[4], const u32 (&b)[2]) {
         mma_bf16(c, a, b);
     }
-    // A unit's eight codes (bytes, minus `bias`) as four pairs.
-    static __device__ __forceinline__ uint4 codes(uint2 raw, float bias) {
-        float q[8];
-        code_floats(raw, bias, q);
-        return make_uint4(pack(q[0], q[1]), pack(q[2], q[3]), pack(q[4], q[5]), pack(q[6], q[7]));
-    }
 };
 
 struct HalfPlanes {
