@@ -12,6 +12,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{
@@ -93,6 +94,8 @@ pub(crate) struct Gpu {
     arch: String,
     name: String,
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
+    /// Compiles started ahead of first use ([`Gpu::prepare`]), by source.
+    compiling: Mutex<HashMap<&'static str, JoinHandle<Result<Vec<u8>>>>>,
     functions: Mutex<HashMap<(&'static str, String), CudaFunction>>,
     /// A graph capture is in progress on `stream`: no allocation, no host
     /// copy, no sync may happen (see [`Gpu::check_not_capturing`]).
@@ -184,6 +187,7 @@ impl Gpu {
                 arch: format!("sm_{major}{minor}"),
                 name,
                 modules: Mutex::default(),
+                compiling: Mutex::default(),
                 functions: Mutex::default(),
                 capturing: AtomicBool::new(false),
                 workspace_generation: AtomicU64::new(0),
@@ -389,6 +393,46 @@ impl Gpu {
         Ok(f)
     }
 
+    /// Starts compiling `src` on a thread of its own unless it is loaded,
+    /// cached or already started, so the units a model needs compile side
+    /// by side (one NVRTC run is single-threaded and the matmul units take
+    /// tens of seconds each) while its weights upload; [`Gpu::function`]
+    /// then waits for the result instead of compiling. Errors surface
+    /// there, as if compiled then.
+    pub(crate) fn prepare(&self, src: &Source) {
+        if self
+            .modules
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(src.name)
+        {
+            return;
+        }
+        let mut compiling = self.compiling.lock().unwrap_or_else(|e| e.into_inner());
+        if compiling.contains_key(src.name) {
+            return;
+        }
+        let cached = cache_path(src, &self.arch).is_ok_and(|p| p.exists());
+        if cached && !forced_compile_failure() {
+            return;
+        }
+        let (name, text, arch) = (src.name, src.text, self.arch.clone());
+        let handle = std::thread::Builder::new()
+            .name(format!("nvrtc {name}"))
+            .spawn(move || {
+                let src = Source { name, text };
+                let cubin = compile(&src, &arch)?;
+                if let Ok(path) = cache_path(&src, &arch) {
+                    store_cache(&path, &cubin);
+                }
+                Ok(cubin)
+            });
+        // No thread to be had: the compile happens at first use instead.
+        if let Ok(h) = handle {
+            compiling.insert(name, h);
+        }
+    }
+
     fn module(&self, src: &Source) -> Result<Arc<CudaModule>> {
         let mut modules = self.modules.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(m) = modules.get(src.name) {
@@ -402,14 +446,29 @@ impl Gpu {
         let module = match loaded {
             Some(m) => m,
             None => {
-                let cubin = compile(src, &self.arch)?;
+                let started = self
+                    .compiling
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(src.name);
+                let cubin = match started {
+                    Some(h) => h.join().unwrap_or_else(|_| {
+                        Err(ModelError::Backend(format!(
+                            "compiling {}.cu: panicked",
+                            src.name
+                        )))
+                    })?,
+                    None => compile(src, &self.arch)?,
+                };
                 let m = self
                     .ctx
                     .load_module(Ptx::from_binary(cubin.clone()))
                     .map_err(|e| {
                         cuda_err(&format!("loading {}.cu for {}", src.name, self.arch), e)
                     })?;
-                store_cache(&cached, &cubin);
+                if !cached.exists() {
+                    store_cache(&cached, &cubin);
+                }
                 m
             }
         };

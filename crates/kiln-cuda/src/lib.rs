@@ -150,6 +150,14 @@ impl CudaBackend {
             )));
         }
         let gpu = Arc::new(Gpu::new(ordinal)?);
+        for src in [
+            &ops::ELEMENTWISE,
+            &fused::FUSED,
+            &attention::ATTENTION,
+            &sample::SAMPLE,
+        ] {
+            gpu.prepare(src);
+        }
         Ok(CudaBackend {
             ops: Ops::new(&gpu)?,
             fused: Fused::new(&gpu)?,
@@ -232,7 +240,9 @@ impl Backend for CudaBackend {
     }
 
     fn load_weight(&self, gguf: &Arc<Gguf>, name: &str) -> Result<CudaWeight> {
-        weight::upload(&self.gpu, gguf, name)
+        let w = weight::upload(&self.gpu, gguf, name)?;
+        Matmul::prepare(&self.gpu, w.ty);
+        Ok(w)
     }
 
     fn weight_shape(&self, w: &CudaWeight) -> (usize, usize) {

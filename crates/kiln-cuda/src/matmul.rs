@@ -468,6 +468,14 @@ impl Matmul {
         launch!(gpu, &k.argmax_finish, cfg, &what; gpu.ptr(&self.partials, 0), n, gpu.ptr(ids, 0), slot)
     }
 
+    /// Starts compiling the kernels of weights of type `ty` in the
+    /// background (a no-op for types without any, or once started).
+    pub(crate) fn prepare(gpu: &Gpu, ty: GgmlType) {
+        if let Some((_, _, src)) = SOURCES.iter().find(|(t, ..)| *t == ty) {
+            gpu.prepare(src);
+        }
+    }
+
     /// The kernels for `w`'s type (compiled on first use), after checking
     /// that `w` is laid out as they assume.
     fn kernels_for(&self, gpu: &Gpu, w: &CudaWeight) -> Result<Arc<TypeKernels>> {

@@ -5,7 +5,7 @@
 //! (F32 and F16 are not exact in bfloat16 and keep the f32 kernels). It
 //! takes every product of 8 or more token rows (batched decode and
 //! prefill), where it measured faster than the f32 kernels on the H200
-//! ([`MMA_MIN_TOKENS`]); products of up to 512 rows go to `mma2_gemm`
+//! ([`MMA_MIN_TOKENS`]); products of up to 1,024 rows go to `mma2_gemm`
 //! (mma2.cu: x split once per product, ~30% fewer instructions per k step
 //! by the SASS; with the head below, batched decode 18-30% faster on an
 //! H100, and prefill 12-31%). `KILN_CUDA_MMA=1` keeps every product on
@@ -149,14 +149,15 @@ pub(super) fn mma_wanted(mode: MmaMode, n_tok: usize) -> bool {
     mode != MmaMode::Off && n_tok >= MMA_MIN_TOKENS
 }
 
-/// Most token rows `mma2_gemm` takes by default (batched decode and
-/// prefill chunks of up to 512 rows), and the longest rows (k) its
-/// workspace holds: 3 bfloat16 planes and the group sums of 512 x 16,384
-/// values (50 MiB, allocated on first use, before any capture: a graph
-/// keeps its address). H100, 2026-12-05 (bench/RESULTS.md), pp512 against
-/// 128 rows (prefill on `mma_gemm`): 270M 62.5k -> 70k tok/s, 1B 21.1k ->
-/// 23.4k, 4B 5.5k -> 7.2k.
-const MMA2_MAX_TOKENS: usize = 512;
+/// Most token rows `mma2_gemm` takes by default (batched decode, prefill
+/// chunks, and a GPU server's steps of 64 decode rows plus 960 prompt
+/// rows), and the longest rows (k) its workspace holds: 3 bfloat16 planes
+/// and the group sums of 1,024 x 16,384 values (100 MiB, allocated on first
+/// use, before any capture: a graph keeps its address). H100, 2026-12-05
+/// (bench/RESULTS.md), pp512 against 128 rows (prefill on `mma_gemm`):
+/// 270M 62.5k -> 70k tok/s, 1B 21.1k -> 23.4k, 4B 5.5k -> 7.2k; 2026-12-06,
+/// 64-stream serving with 1,024-row steps: 270M +10%, 1B +7%, 4B +5%.
+const MMA2_MAX_TOKENS: usize = 1024;
 const MMA2_MAX_K: usize = 16_384;
 
 /// Workspace words of the split x of `tokens` rows of [`MMA2_MAX_K`].
@@ -164,11 +165,10 @@ const fn mma2_words(tokens: usize) -> usize {
     tokens * MMA2_MAX_K * 3 / 2 + tokens * MMA2_MAX_K / 16
 }
 
-/// `KILN_CUDA_MMA2_ROWS=N` (128 to 1,024, default 512): products of up
+/// `KILN_CUDA_MMA2_ROWS=N` (128 to 1,024, default 1,024): products of up
 /// to N rows take the split-x GEMM, the workspace sized for them (N x 100
-/// KiB); `128` sends prefill chunks back to `mma_gemm`, `1024` takes the
-/// steps of a server with `--step-tokens` above 512 minus its decode rows
-/// (A/B timing).
+/// KiB); `128` sends prefill chunks back to `mma_gemm`, `512` sends a
+/// server's 1,024-row steps there (A/B timing, or a smaller workspace).
 fn mma2_max_tokens() -> usize {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *N.get_or_init(|| {
@@ -500,10 +500,10 @@ mod tests {
         );
         // The largest CTA fits an H200 SM's 227 KiB (with 16-column groups).
         assert!(mma2_smem_bytes(128, 128, 16) <= 227 << 10);
-        // 512 rows of 16,384 values: planes and 16-column sums.
+        // 1,024 rows of 16,384 values: planes and 16-column sums.
         assert_eq!(
             mma2_words(MMA2_MAX_TOKENS),
-            3 * 512 * 16_384 / 2 + 512 * 16_384 / 16
+            3 * 1024 * 16_384 / 2 + 1024 * 16_384 / 16
         );
         assert_eq!(mma_group(GgmlType::Q4K), 32);
         assert_eq!(mma_group(GgmlType::Q6K), 16);

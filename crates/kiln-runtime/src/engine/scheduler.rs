@@ -70,10 +70,26 @@ impl Limits {
                 n => n,
             },
             step_tokens: match cfg.step_tokens {
-                0 => 256,
+                0 => default_step_tokens(model, device_free.is_some()),
                 n => n,
             },
         }
+    }
+}
+
+/// Prompt tokens per step when not given. On the CPU a step's cost grows
+/// with its rows, so 256 keeps running streams smooth. On a GPU a step of
+/// 64 decode rows plus 960 prompt rows (one 1,024-row split-x GEMM per
+/// product) took less time per token than 256 (H100, 64 streams,
+/// bench/RESULTS.md 2026-12-06: 270M 17,344 -> 19,040 tok/s, 1B 7,854 ->
+/// 8,431, median first token 0.02 -> 0.04 s and 0.03 -> 0.08 s); from the
+/// 4B's width (2,560) such a step is long enough to hold the median first
+/// token past 0.25 s (0.10 -> 0.27 s for +5%), so wide models keep 256.
+fn default_step_tokens(model: &ModelConfig, on_device: bool) -> usize {
+    if on_device && model.n_embd < 2048 {
+        960
+    } else {
+        256
     }
 }
 

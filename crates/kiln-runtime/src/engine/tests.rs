@@ -261,9 +261,19 @@ fn limits_default_from_the_budget() {
         l.parallel,
         (l.kv_budget_bytes / kv_bytes(&cfg, l.max_context)).clamp(1, 64)
     );
+    // A narrow model (the fixture) prefills 960 prompt tokens a step on a
+    // device, 256 on the CPU; a 4B-wide one 256 everywhere.
+    assert_eq!(l.step_tokens, 960);
     let cpu = scheduler::Limits::resolve(&EngineConfig::default(), &cfg, None);
     assert_eq!(cpu.kv_budget_bytes, 1 << 30);
     assert!(cpu.parallel <= 16);
+    assert_eq!(cpu.step_tokens, 256);
+    let wide = kiln_model::ModelConfig {
+        n_embd: 2560,
+        ..cfg.clone()
+    };
+    let l = scheduler::Limits::resolve(&EngineConfig::default(), &wide, Some(free));
+    assert_eq!(l.step_tokens, 256);
 }
 
 #[test]
