@@ -31,7 +31,10 @@ use kiln_quant::GgmlType;
 use crate::gpu::{cuda_err, Gpu, Source};
 use crate::ops::launch;
 use crate::weight::CudaWeight;
-use mma::{codes_fit_bf16, cta_smem_bytes, mma_head_enabled, mma_mode, mma_wanted, MMA_SHAPES};
+use mma::{
+    codes_fit_bf16, cta_smem_bytes, mma2_cta_smem_bytes, mma_head_enabled, mma_mode, mma_wanted,
+    MMA_SHAPES,
+};
 use skinny::{GEMM_MAX_TOKENS, GEMM_TOKENS, SPLIT_FLOATS};
 use stream::{stream_enabled, HEAD_CELLS, STREAM_HEAD_TOKENS, STREAM_R};
 
@@ -512,8 +515,12 @@ impl Matmul {
                 .map(|&(shape, rows, tokens, _)| {
                     let name = format!("{op}_{suffix}_{shape}");
                     let f = gpu.function(src, &name)?;
-                    let split = op.starts_with("mma2");
-                    let bytes = cta_smem_bytes(split, rows, tokens, w.ty);
+                    let bytes = match op.strip_prefix("mma2") {
+                        Some(rest) => {
+                            mma2_cta_smem_bytes(rest.starts_with('h'), rows, tokens, w.ty)
+                        }
+                        None => cta_smem_bytes(false, rows, tokens, w.ty),
+                    };
                     // A shape over the GPU's limit is never launched.
                     if self.tensor_cores && bytes <= self.smem_per_cta {
                         f.set_attribute(MAX_DYNAMIC_SMEM, bytes as i32)

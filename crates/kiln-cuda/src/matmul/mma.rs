@@ -189,11 +189,32 @@ pub(super) fn half_planes(mode: MmaMode, tokens: usize) -> usize {
 }
 
 /// Shared memory of a `rows` x `tokens` CTA of the split-x kernels
-/// (`split`) or of `mma_gemm`, for weights of `ty`.
+/// (`split`: of the planes [`half_planes`] picks) or of `mma_gemm`, for
+/// weights of `ty`.
 pub(super) fn cta_smem_bytes(split: bool, rows: usize, tokens: usize, ty: GgmlType) -> usize {
+    let half = half_planes(mma_mode(), tokens) == 1;
     match split {
-        true => mma2_smem_bytes(rows, tokens, mma_group(ty)),
+        true => mma2_smem_bytes(rows, tokens, mma_group(ty), x_planes(half, ty)),
         false => mma_smem_bytes(rows, tokens),
+    }
+}
+
+/// Shared memory of a split-x CTA of bfloat16 planes (`mma2_`, `half`
+/// false) or half planes (`mma2h_`), for setting each kernel's limit.
+pub(super) fn mma2_cta_smem_bytes(half: bool, rows: usize, tokens: usize, ty: GgmlType) -> usize {
+    mma2_smem_bytes(rows, tokens, mma_group(ty), x_planes(half, ty))
+}
+
+/// Planes of x a split-x CTA holds (`Mma2Planes` in mma2.cu): two half
+/// planes in the `mma2h_` kernels of quantized weights (BF16 is not exact
+/// in half: its `mma2h_` kernels keep three bfloat16 planes), else three.
+/// The shared memory of a 64 x 64 Q4_K CTA is then 56 KiB rather than 75,
+/// so three fit an SM's 227 KiB instead of two.
+fn x_planes(half: bool, ty: GgmlType) -> usize {
+    if half && ty.block_elems() >= 32 {
+        2
+    } else {
+        3
     }
 }
 
@@ -208,10 +229,10 @@ fn mma_group(ty: GgmlType) -> usize {
 
 /// Shared memory of an `mma2_gemm` CTA (`Mma2Shape` in mma2.cu): two
 /// weight buffers (codes, and (d, m) per row and group) and two x buffers
-/// (3 planes, and a sum per token and group), in 4-byte words.
-fn mma2_smem_bytes(rows: usize, tokens: usize, group: usize) -> usize {
+/// (`planes` planes, and a sum per token and group), in 4-byte words.
+fn mma2_smem_bytes(rows: usize, tokens: usize, group: usize, planes: usize) -> usize {
     let groups = 64 / group;
-    4 * (2 * (rows * (36 + 2 * groups)) + 2 * (tokens * (3 * 36 + groups)))
+    4 * (2 * (rows * (36 + 2 * groups)) + 2 * (tokens * (planes * 36 + groups)))
 }
 
 impl Matmul {
@@ -495,11 +516,21 @@ mod tests {
         // Q4_K, 64 x 64: two weight buffers of 64 x (36 + 2 x 2) words,
         // two x buffers of 64 x (3 x 36 + 2).
         assert_eq!(
-            mma2_smem_bytes(64, 64, 32),
+            mma2_smem_bytes(64, 64, 32, 3),
             4 * (2 * 64 * 40 + 2 * 64 * 110)
         );
         // The largest CTA fits an H200 SM's 227 KiB (with 16-column groups).
-        assert!(mma2_smem_bytes(128, 128, 16) <= 227 << 10);
+        assert!(mma2_smem_bytes(128, 128, 16, 3) <= 227 << 10);
+        // Half planes: two planes of x; three 64 x 64 Q4_K CTAs fit an SM.
+        assert_eq!(
+            mma2_cta_smem_bytes(true, 64, 64, GgmlType::Q4K),
+            4 * (2 * 64 * 40 + 2 * 64 * 74)
+        );
+        assert!(3 * (mma2_cta_smem_bytes(true, 64, 64, GgmlType::Q4K) + 1024) <= 228 << 10);
+        assert_eq!(
+            mma2_cta_smem_bytes(true, 64, 64, GgmlType::BF16),
+            mma2_smem_bytes(64, 64, 16, 3)
+        );
         // 1,024 rows of 16,384 values: planes and 16-column sums.
         assert_eq!(
             mma2_words(MMA2_MAX_TOKENS),
@@ -512,14 +543,21 @@ mod tests {
     #[test]
     fn shapes_over_the_shared_memory_limit_give_way() {
         // A 99 KiB GPU (compute capability 8.6 / 8.9): Q6_K's split-x
-        // 128 x 128 (156 KiB) and 128 x 64 (100 KiB) CTAs do not fit, its
-        // 64 x 64 one (78 KiB) does.
+        // 128 x 128 CTA (half planes, 120 KiB) does not fit, its 128 x 64
+        // one (82 KiB) does; with bfloat16 planes 128 x 64 (100 KiB) does
+        // not either, 64 x 64 (78 KiB) does.
         let fits = |s: usize| {
             let (_, rows, tokens, _) = MMA_SHAPES[s];
             cta_smem_bytes(true, rows, tokens, GgmlType::Q6K) <= 99 << 10
         };
-        assert_eq!(fitting_shape(4, fits), 2);
-        assert_eq!(fitting_shape(3, fits), 2);
+        assert_eq!(fitting_shape(4, fits), 3);
+        assert_eq!(fitting_shape(3, fits), 3);
+        let fits_bf16 = |s: usize| {
+            let (_, rows, tokens, _) = MMA_SHAPES[s];
+            mma2_cta_smem_bytes(false, rows, tokens, GgmlType::Q6K) <= 99 << 10
+        };
+        assert_eq!(fitting_shape(4, fits_bf16), 2);
+        assert_eq!(fitting_shape(3, fits_bf16), 2);
         assert_eq!(fitting_shape(1, fits), 1);
         assert_eq!(fitting_shape(4, |_| true), 4);
         assert_eq!(fitting_shape(4, |_| false), 0);
