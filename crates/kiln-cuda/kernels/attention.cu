@@ -168,11 +168,18 @@ __device__ __forceinline__ void load_rows(float (&out)[N][E], const float* past,
 // Branch-free on purpose: keys past `kend` load row kend - 1 again (their
 // weight is 0), so the compiler issues a batch's row loads together; with
 // a branch around each load it waits out one memory round trip per key.
+// Where a whole tile's slices fit (E <= 8: head dim 256, and up to 32 / E
+// rows a warp: registers), the V rows are requested with the K rows, not
+// after the scores: one memory round trip a tile instead of two (a decode
+// split folds its keys tile after tile).
 template <int E, int R>
 __device__ __forceinline__ void fold_tile(Rows<E, R>& s, const AttnArgs& a, u32 p0, u32 k0, u32 kend,
                                           u32 off, u32 kvd, u32 lane) {
     // Rows whose slices are held at once (E = 16: half a tile, for registers).
     constexpr int BATCH = E >= 16 ? TILE / 2 : TILE;
+    constexpr bool V_EARLY = BATCH == TILE && E * R <= 32;
+    float v_early[V_EARLY ? TILE : 1][E];
+    if constexpr (V_EARLY) load_rows(v_early, a.past_v, a.cur_v, a.past_rows, p0, k0, kend, off, kvd);
     float part[R][TILE];
 #pragma unroll
     for (int j0 = 0; j0 < TILE; j0 += BATCH) {
@@ -211,15 +218,16 @@ __device__ __forceinline__ void fold_tile(Rows<E, R>& s, const AttnArgs& a, u32 
     }
 #pragma unroll
     for (int j0 = 0; j0 < TILE; j0 += BATCH) {
-        float v[BATCH][E];
-        load_rows(v, a.past_v, a.cur_v, a.past_rows, p0, k0 + j0, kend, off, kvd);
+        float v_late[V_EARLY ? 1 : BATCH][E];
+        if constexpr (!V_EARLY) load_rows(v_late, a.past_v, a.cur_v, a.past_rows, p0, k0 + j0, kend, off, kvd);
 #pragma unroll
         for (int j = 0; j < BATCH; ++j) {
+            const float* vj = V_EARLY ? v_early[j0 + j] : v_late[V_EARLY ? 0 : j];
 #pragma unroll
             for (int r = 0; r < R; ++r) {
                 const float pj = __shfl_sync(FULL_MASK, p[r], (j0 + j) * 4);
 #pragma unroll
-                for (int e = 0; e < E; ++e) s.acc[r][e] += pj * v[j][e];
+                for (int e = 0; e < E; ++e) s.acc[r][e] += pj * vj[e];
             }
         }
     }
@@ -255,7 +263,9 @@ __device__ void merge_head(const AttnArgs& a, u32 h, u32 n_splits) {
     float l = 0.0f, o[E];
 #pragma unroll
     for (int e = 0; e < E; ++e) o[e] = 0.0f;
-#pragma unroll 4
+    // Eight splits' loads in flight a lane for head dim 256, four for 512
+    // (registers): the merge waits on L2, not on its few FMAs.
+#pragma unroll(E <= 8 ? 8 : 4)
     for (u32 s = 0; s < n_splits; ++s) {
         // An empty split (m = -inf, acc 0) weighs 0.
         const float m = __ldcg(ml + 2 * s);
