@@ -12,7 +12,7 @@ use std::sync::Mutex;
 use cudarc::driver::{CudaFunction, CudaSlice, DeviceRepr, LaunchConfig};
 use kiln_model::{AttnParams, ModelError, Result};
 
-use crate::gpu::{Gpu, Source};
+use crate::gpu::{env_number, Gpu, Source};
 use crate::ops::{check, launch, pointwise, to_u32};
 
 pub(crate) const ATTENTION: Source = Source {
@@ -35,6 +35,8 @@ const PREFILL_ROWS: usize = 4;
 const MIN_SPLIT_KEYS: usize = 8;
 /// Decode warps to aim for over all KV heads (a few per SM on an H200).
 const DECODE_TARGET_WARPS: usize = 512;
+/// F of `sqrt(F span)` decode splits ([`decode_splits`]).
+const DECODE_SPLIT_FACTOR: usize = 8;
 
 /// The kernel's argument block (`struct AttnArgs` in attention.cu: same
 /// fields, same order).
@@ -139,18 +141,39 @@ fn kernel_elems(p: &AttnParams) -> Result<usize> {
 /// visible range of any position in the bucket.
 ///
 /// A split folds its keys a tile (8) at a time, each tile a memory round
-/// trip, and the merge reads every split's partial in turn: time grows
-/// with `span / splits` on one side and with `splits` on the other, so
-/// `splits ~ sqrt(2 span)` (4096 keys: 96 splits of 48) balances them,
-/// capped by the warps worth running at once.
+/// trip, and the merge reads every split's partial, eight at a time: time
+/// grows with `span / splits` on one side and with `splits` on the other,
+/// so `splits ~ sqrt(F span)` balances them, capped by the warps worth
+/// running at once. F = 8 (4,096 keys: 172 splits of 24; a 512-key window
+/// 64 of 8) measured best on an H100 (bench/RESULTS.md, 2026-12-06: tg128
+/// at depth 4,096 270M 1,242-1,250 -> 1,280-1,292 tok/s, 1B 638 -> 649;
+/// F = 4 and 16 in between; depth 0 the same), where it was 2 before the
+/// merge kept eight splits' loads in flight.
 ///
 /// `kv_end`: the longest sequence's `p0 + n_tok`; `seqs`: sequences in the
 /// launch (each gets the same geometry, sharing the warps).
+/// `KILN_CUDA_ATTN_SPLIT=F` (1-64, default 8) and `KILN_CUDA_ATTN_WARPS=N`
+/// (32-8,192, default 512: the cap) are for A/B timing of the geometry.
 fn decode_splits(p: &AttnParams, row_groups: usize, kv_end: usize, seqs: usize) -> (usize, usize) {
+    static KNOBS: std::sync::OnceLock<(usize, usize)> = std::sync::OnceLock::new();
+    let (factor, warps_cap) = *KNOBS.get_or_init(|| {
+        (
+            env_number(
+                "KILN_CUDA_ATTN_SPLIT",
+                |n| (1..=64).contains(&n),
+                DECODE_SPLIT_FACTOR,
+            ),
+            env_number(
+                "KILN_CUDA_ATTN_WARPS",
+                |n| (32..=8192).contains(&n),
+                DECODE_TARGET_WARPS,
+            ),
+        )
+    });
     let bucket = kv_end.next_power_of_two();
     let span = p.window.map_or(bucket, |w| w.min(bucket)).max(1);
-    let cap = (DECODE_TARGET_WARPS / (p.n_kv_head * row_groups * seqs)).max(1);
-    let target = (2 * span).isqrt().clamp(1, cap);
+    let cap = (warps_cap / (p.n_kv_head * row_groups * seqs)).max(1);
+    let target = (factor * span).isqrt().clamp(1, cap);
     let chunk = span
         .div_ceil(target)
         .max(MIN_SPLIT_KEYS)

@@ -52,6 +52,16 @@ pub(crate) fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T>
     })
 }
 
+/// The environment variable `name` where it is a number that `ok`
+/// accepts, else `default` (the A/B switches of the kernels' geometry).
+pub(crate) fn env_number(name: &str, ok: impl Fn(usize) -> bool, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .filter(|&n| ok(n))
+        .unwrap_or(default)
+}
+
 /// Whether libcuda can be loaded.
 pub(crate) fn driver_present() -> bool {
     // SAFETY: only tries to dlopen the library names cudarc would use.

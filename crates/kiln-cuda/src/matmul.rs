@@ -211,16 +211,6 @@ fn as_i32(what: &str, v: usize) -> Result<i32> {
         .map_err(|_| ModelError::Backend(format!("{what} = {v} exceeds the kernels' 2^31 limit")))
 }
 
-/// The environment variable `name` where it is a number that `ok`
-/// accepts, else `default` (the A/B switches of the matmul paths).
-fn env_number(name: &str, ok: impl Fn(usize) -> bool, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
-        .filter(|&n| ok(n))
-        .unwrap_or(default)
-}
-
 impl Matmul {
     pub(crate) fn new(gpu: &Gpu) -> Result<Self> {
         use cudarc::driver::sys::CUdevice_attribute::{

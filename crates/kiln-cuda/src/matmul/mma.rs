@@ -17,7 +17,8 @@ use kiln_model::Result;
 use kiln_quant::GgmlType;
 
 use super::skinny::TiledGemm;
-use super::{as_i32, env_number, grid, Matmul, TypeKernels, BLOCK};
+use super::{as_i32, grid, Matmul, TypeKernels, BLOCK};
+use crate::gpu::env_number;
 use crate::gpu::{cuda_err, Gpu};
 use crate::ops::launch;
 use crate::weight::CudaWeight;

@@ -11,7 +11,8 @@ use std::sync::MutexGuard;
 use cudarc::driver::{CudaSlice, CudaView, DevicePtr, LaunchConfig};
 use kiln_model::Result;
 
-use super::{as_i32, env_number, Matmul, TypeKernels};
+use super::{as_i32, Matmul, TypeKernels};
+use crate::gpu::env_number;
 use crate::gpu::Gpu;
 use crate::ops::launch;
 use crate::weight::CudaWeight;
