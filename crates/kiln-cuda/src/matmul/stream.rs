@@ -40,8 +40,13 @@ const STAGE_MAX: usize = 24 << 10;
 const CTA_RESERVED_SMEM: usize = 1 << 10;
 const MAX_CTAS_PER_SM: usize = 8;
 /// A GEMV is cut into about this many tiles per SM: short matrices give
-/// every SM work, and a warp computes at most one group of rows.
-const GEMV_TILES_PER_SM: usize = 4;
+/// every SM work, and a warp computes at most one group of rows. The
+/// GEMVs wait on their loads' latency, so more, shorter tiles (more CTAs
+/// in flight) pay: on an H100 (bench/RESULTS.md, 2026-12-06) 8 against 4
+/// took tg128 270M 1,528-1,540 -> 1,567-1,575 tok/s and 1B 732-734 ->
+/// 766-784 (2 and 12-16 lost); the 4B's large products take 16-row tiles
+/// either way.
+const GEMV_TILES_PER_SM: usize = 8;
 /// Most warps of a CTA that split one group of rows along k
 /// (`KILN_CUDA_GEMV_SPLIT=N`, 1, 2 or 4; default 4): a tile of fewer
 /// groups than warps (few long rows: the 270M's down projection) would
@@ -410,14 +415,14 @@ mod tests {
 
     #[test]
     fn plans_fill_the_gpu_and_fit_their_stages() {
-        // 270M ffn_down (640 rows of 2048 Q4_K): 2-row tiles, one each.
+        // 270M ffn_down (640 rows of 2048 Q4_K): a row a tile, one each.
         let p = matvec(1152, 640);
-        assert_eq!((p.tile_rows, p.r, p.stages, p.ctas), (2, 0, 1, 320));
+        assert_eq!((p.tile_rows, p.r, p.stages, p.ctas), (1, 0, 1, 640));
         // 1B gate/up (13,824 rows of 1152 Q5_0): 16-row tiles, R = 4.
         let p = matvec(792, 13_824);
         assert_eq!((p.tile_rows, p.r, p.stages, p.ctas), (16, 2, 1, 864));
-        // 5 rows a tile wanted: a whole group of 8.
-        let p = matvec(1152, 2600);
+        // 5 rows a tile wanted (5,200 over 8 x 132 tiles): a whole group of 8.
+        let p = matvec(1152, 5200);
         assert_eq!((p.tile_rows, p.r), (8, 1));
         // The 262,144-row Q8_0 head: 16-row tiles, two stages, 8 CTAs per
         // SM, each taking the same number of tiles.
