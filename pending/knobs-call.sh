@@ -18,7 +18,7 @@ timeout 150 p/bin/decode_bench $M -p 16 -n 4 -r 1 >/dev/null 2>&1; echo "warm $(
 tg() { timeout 40 p/bin/decode_bench $M -p 16 -n 128 -r 2 2>&1 | grep -oE '"tg_tok_s":[0-9.]*' | cut -d: -f2; }
 # Batch-1 GEMV geometry (latency-bound: more tiles / warps in flight?).
 echo "tg default $(tg)"
-for v in "KILN_CUDA_GEMV_TILES=2" "KILN_CUDA_GEMV_TILES=8" "KILN_CUDA_GEMV_TILES=16" "KILN_CUDA_GEMV_SPLIT=1" "KILN_CUDA_GEMV=f32" "KILN_CUDA_ATTN_SPLIT=2"; do
+for v in "KILN_CUDA_GEMV_TILES=4" "KILN_CUDA_GEMV_TILES=6" "KILN_CUDA_GEMV_TILES=12" "KILN_CUDA_GEMV_SPLIT=1" "KILN_CUDA_GEMV=f32" "KILN_CUDA_ATTN_SPLIT=2"; do
   echo "tg $v $(export $v; tg)"
 done
 echo "tg default $(tg) [$(el) s]"
