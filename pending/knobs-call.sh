@@ -15,6 +15,11 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 M=$S/gemma3-4b-q4_k_m.gguf
 p/bin/kiln synth --arch gemma3 --size 4b --quant q4_k_m -o $M >/dev/null 2>&1
 timeout 150 p/bin/decode_bench $M -p 16 -n 4 -r 1 >/dev/null 2>&1; echo "warm $(el) s"
+# The GPU tests of the 8-tile GEMV default (a347f67), beside nothing else.
+(timeout 240 p/bin/matmul --test-threads=4 > $O/matmul.log 2>&1; echo "matmul rc=$? $(grep 'test result' $O/matmul.log | tail -1)") &
+(KILN_CUDA_SYNTH_SIZES=270m,1b timeout 240 p/bin/synth --test-threads=2 > $O/synth.log 2>&1; echo "synth rc=$? $(grep 'test result' $O/synth.log | tail -1)") &
+(timeout 100 p/bin/graphs > $O/graphs.log 2>&1; echo "graphs rc=$? $(grep 'test result' $O/graphs.log | tail -1)") &
+wait; echo "tests $(el) s"
 tg() { timeout 40 p/bin/decode_bench $M -p 16 -n 128 -r 2 2>&1 | grep -oE '"tg_tok_s":[0-9.]*' | cut -d: -f2; }
 # Batch-1 GEMV geometry (latency-bound: more tiles / warps in flight?).
 echo "tg default $(tg)"
