@@ -95,6 +95,9 @@ pub(crate) fn count_devices() -> Result<usize> {
     })
 }
 
+/// A kernel source compiling on a thread of its own: its cubin.
+type Compile = JoinHandle<Result<Vec<u8>>>;
+
 /// The context, stream and kernels of one GPU.
 pub(crate) struct Gpu {
     pub ctx: Arc<CudaContext>,
@@ -104,8 +107,9 @@ pub(crate) struct Gpu {
     arch: String,
     name: String,
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
-    /// Compiles started ahead of first use ([`Gpu::prepare`]), by source.
-    compiling: Mutex<HashMap<&'static str, JoinHandle<Result<Vec<u8>>>>>,
+    /// Sources [`Gpu::prepare`] has seen, with the compile it started
+    /// ahead of first use (none where the cache holds the cubin).
+    compiling: Mutex<HashMap<&'static str, Option<Compile>>>,
     functions: Mutex<HashMap<(&'static str, String), CudaFunction>>,
     /// A graph capture is in progress on `stream`: no allocation, no host
     /// copy, no sync may happen (see [`Gpu::check_not_capturing`]).
@@ -418,12 +422,16 @@ impl Gpu {
         {
             return;
         }
+        // Seen once per source: every weight upload asks, and hashing the
+        // source for its cache path is not free.
         let mut compiling = self.compiling.lock().unwrap_or_else(|e| e.into_inner());
         if compiling.contains_key(src.name) {
             return;
         }
-        let cached = cache_path(src, &self.arch).is_ok_and(|p| p.exists());
-        if cached && !forced_compile_failure() {
+        // A forced failure (tests) stays on the caller's thread: no compile
+        // outlives the backend that failed, or the variable's removal.
+        if forced_compile_failure() || cache_path(src, &self.arch).is_ok_and(|p| p.exists()) {
+            compiling.insert(src.name, None);
             return;
         }
         let (name, text, arch) = (src.name, src.text, self.arch.clone());
@@ -438,9 +446,7 @@ impl Gpu {
                 Ok(cubin)
             });
         // No thread to be had: the compile happens at first use instead.
-        if let Ok(h) = handle {
-            compiling.insert(name, h);
-        }
+        compiling.insert(name, handle.ok());
     }
 
     fn module(&self, src: &Source) -> Result<Arc<CudaModule>> {
@@ -460,7 +466,8 @@ impl Gpu {
                     .compiling
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
-                    .remove(src.name);
+                    .remove(src.name)
+                    .flatten();
                 let cubin = match started {
                     Some(h) => h.join().unwrap_or_else(|_| {
                         Err(ModelError::Backend(format!(
