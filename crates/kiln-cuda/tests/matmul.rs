@@ -267,8 +267,8 @@ fn prefill_crosses_dequant_workspace_chunks() {
 
 /// The types real models use at model-sized shapes: batched-decode
 /// products of a matrix of over 4Mi weights (also the slice from row 3),
-/// and prefill-sized ones (the tensor-core GEMM's largest CTA, 128 weight
-/// rows x 64 tokens, taken when its tiles fill the GPU; SGEMM with
+/// and prefill-sized ones (the tensor-core GEMM's largest CTAs, 128 weight
+/// rows x 64 or 128 tokens, taken when their tiles fill the GPU; SGEMM with
 /// `KILN_CUDA_MMA=0`). 256 columns (one K-quant block) keep the prefill reference quick.
 #[test]
 fn model_types_match_cpu_at_large_shapes() {
@@ -286,7 +286,9 @@ fn model_types_match_cpu_at_large_shapes() {
     for ty in types {
         // (row0, n_rows, tokens) of each product.
         let decode: &[(usize, usize, usize)] = &[(0, 4100, 16), (0, 4100, 21), (3, 4097, 32)];
-        let prefill: &[(usize, usize, usize)] = &[(0, 4224, 512), (5, 4124, 300)];
+        // 1,024 tokens: a GPU server's step of 64 decode and 960 prompt
+        // rows, the split-x GEMM's most (`KILN_CUDA_MMA2_ROWS`).
+        let prefill: &[(usize, usize, usize)] = &[(0, 4224, 512), (5, 4124, 300), (0, 4224, 1024)];
         for (rows, cols, runs) in [(4100, 1024, decode), (4224, 256, prefill)] {
             let bytes = pack(ty, &rng.floats(rows * cols, 1.0), &mut rng);
             let w = upload(&be, ty, rows, cols, bytes);
