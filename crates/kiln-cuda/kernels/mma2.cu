@@ -197,8 +197,8 @@ KILN_ENTRY(mma2h_split_x, WARPS * 32)(const float* x, int n_tok, int k, int rows
 
 // Shared memory of an mma2 CTA, in words: two weight buffers (codes, then
 // (d, m) per row and group), then two x buffers (planes, then sums per
-// token and group): 2 W_BUF + 2 X_BUF words, at most mma.rs's
-// mma2_smem_bytes (sized for three planes).
+// token and group): 2 W_BUF + 2 X_BUF words, as mma.rs's mma2_smem_bytes
+// reserves them for P's planes (x_planes there: two half, or three).
 template <class T, class P, int WM, int WN, int N8>
 struct Mma2Shape {
     using S = MmaShape<WM, WN, N8>;

@@ -18,8 +18,7 @@ use kiln_quant::GgmlType;
 
 use super::skinny::TiledGemm;
 use super::{as_i32, grid, Matmul, TypeKernels, BLOCK};
-use crate::gpu::env_number;
-use crate::gpu::{cuda_err, Gpu};
+use crate::gpu::{cuda_err, env_number, Gpu};
 use crate::ops::launch;
 use crate::weight::CudaWeight;
 
@@ -193,9 +192,8 @@ pub(super) fn half_planes(mode: MmaMode, tokens: usize) -> usize {
 /// (`split`: of the planes [`half_planes`] picks) or of `mma_gemm`, for
 /// weights of `ty`.
 pub(super) fn cta_smem_bytes(split: bool, rows: usize, tokens: usize, ty: GgmlType) -> usize {
-    let half = half_planes(mma_mode(), tokens) == 1;
     match split {
-        true => mma2_smem_bytes(rows, tokens, mma_group(ty), x_planes(half, ty)),
+        true => mma2_cta_smem_bytes(half_planes(mma_mode(), tokens) == 1, rows, tokens, ty),
         false => mma_smem_bytes(rows, tokens),
     }
 }

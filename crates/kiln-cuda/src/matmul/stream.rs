@@ -12,8 +12,7 @@ use cudarc::driver::{CudaSlice, CudaView, DevicePtr, LaunchConfig};
 use kiln_model::Result;
 
 use super::{as_i32, Matmul, TypeKernels};
-use crate::gpu::env_number;
-use crate::gpu::Gpu;
+use crate::gpu::{env_number, Gpu};
 use crate::ops::launch;
 use crate::weight::CudaWeight;
 
